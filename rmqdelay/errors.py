@@ -1,0 +1,97 @@
+"""Every error rmqdelay raises on purpose derives from :class:`RmqDelayError`.
+
+A caller can catch the base class, or one cause: each message names what to fix.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchPublishError",
+    "ConfigurationError",
+    "DelayError",
+    "InvalidBodyError",
+    "InvalidDestinationError",
+    "PublishError",
+    "PublishNackedError",
+    "PublisherClosedError",
+    "RmqDelayError",
+    "TopologyConflictError",
+    "TopologyError",
+    "UnknownDestinationError",
+    "UnroutableError",
+]
+
+
+class RmqDelayError(Exception):
+    """Base class of the errors rmqdelay raises on purpose."""
+
+
+class ConfigurationError(RmqDelayError, ValueError):
+    """Settings that cannot work, such as a tier TTL over RabbitMQ's cap."""
+
+
+class DelayError(RmqDelayError, ValueError):
+    """A delay or due time that cannot be planned: negative, too long, NaN, naive."""
+
+
+class InvalidBodyError(RmqDelayError, TypeError):
+    """A body that cannot be serialized to bytes."""
+
+
+class InvalidDestinationError(RmqDelayError, ValueError):
+    """A destination name that cannot become a queue name and a routing key."""
+
+
+class UnknownDestinationError(RmqDelayError):
+    """The destination's work queue does not exist; run `rmqdelay topology apply`."""
+
+
+class PublishError(RmqDelayError):
+    """A publish whose delivery the broker did not confirm."""
+
+
+class UnroutableError(PublishError):
+    """The broker returned the message (mandatory): nothing was bound to take it."""
+
+
+class PublishNackedError(PublishError):
+    """The broker refused the message with basic.nack (for example a full queue)."""
+
+
+class PublisherClosedError(PublishError):
+    """The connection or channel closed before the broker confirmed the message."""
+
+
+class BatchPublishError(PublishError):
+    """Some messages of a batch were not confirmed; the others were.
+
+    ``failures`` maps each failed message id to its error; publish those again.
+    """
+
+    def __init__(self, failures: dict[str, PublishError], confirmed: int) -> None:
+        self.failures = failures
+        self.confirmed = confirmed
+        first_id, first = next(iter(failures.items()))
+        super().__init__(
+            f"{len(failures)} of {len(failures) + confirmed} messages were not confirmed; "
+            f"first, {first_id}: {first}"
+        )
+
+
+class TopologyError(RmqDelayError):
+    """The broker's objects are missing or differ from what the settings describe."""
+
+
+class TopologyConflictError(TopologyError):
+    """An object exists with other arguments; RabbitMQ will not change them in place."""
+
+    def __init__(
+        self, kind: str, name: str, argument: str, found: str, wanted: str, detail: str = ""
+    ) -> None:
+        self.kind, self.name, self.argument = kind, name, argument
+        self.found, self.wanted = found, wanted
+        super().__init__(
+            f"{kind} {name!r} exists with {argument}={found}, but the settings want "
+            f"{argument}={wanted}. RabbitMQ cannot change it in place: delete it (after "
+            f"draining it) or change the settings back.{(' ' + detail) if detail else ''}"
+        )

@@ -1,0 +1,172 @@
+"""Configuration: flags over environment (``RMQDELAY_*``) over a TOML file.
+
+Durations are stored as whole milliseconds, because RabbitMQ TTLs are.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from .durations import format_ms, parse_duration_us
+from .errors import DelayError
+
+__all__ = ["Milliseconds", "Settings", "load_settings", "mask_url"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def _to_ms(value: Any) -> Any:
+    """Accept ``"10ms"``, ``0.01`` (seconds) or a timedelta; keep whole milliseconds."""
+    if isinstance(value, (str, int, float)) or hasattr(value, "total_seconds"):
+        try:
+            us = parse_duration_us(value, what="duration")
+        except DelayError as exc:
+            raise ValueError(str(exc)) from None
+        if us % 1000:
+            raise ValueError(f"{value!r} is not a whole number of milliseconds")
+        return us // 1000
+    return value
+
+
+Milliseconds = Annotated[int, BeforeValidator(_to_ms)]
+"""Whole milliseconds, given as ``"10ms"``, seconds, or a timedelta."""
+_TEN_MS: Any = "10ms"
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of an AMQP URL, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+class Settings(BaseSettings):
+    """Everything rmqdelay needs to know; the delay layout is derived from it."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RMQDELAY_", extra="forbid", validate_default=True, frozen=True
+    )
+
+    url: str = Field("amqp://guest:guest@localhost:5672/%2F", repr=False)
+    """AMQP URL; ``amqps://`` for TLS. Shown only masked."""
+    prefix: str = "rmqdelay"
+    resolution: Milliseconds = Field(_TEN_MS, description="delays round up to this")
+    radix: int = 16
+    positions: int | None = None
+    max_delay: Milliseconds | None = None
+    named_tiers: list[Milliseconds] = Field(default_factory=list)
+    queue_type: Literal["quorum", "classic"] = "quorum"
+    delivery_limit: int = Field(20, ge=1)
+    destinations: list[str] = Field(default_factory=list)
+    max_destination_length: int = Field(100, ge=1)
+    confirm_timeout: float = Field(30.0, gt=0)
+    connection_name: str = "rmqdelay"
+    tls_ca_file: Path | None = None
+    """CA bundle that signed the broker's certificate, for ``amqps://``."""
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    """A client certificate and key, when the broker asks for one."""
+
+    @field_validator("radix")
+    @classmethod
+    def _radix_range(cls, radix: int) -> int:
+        if not 2 <= radix <= 16:
+            raise ValueError(
+                f"radix must be from 2 to 16, got {radix}: each digit is one of 0-9a-f"
+            )
+        return radix
+
+    @field_validator("resolution")
+    @classmethod
+    def _positive_resolution(cls, resolution: int) -> int:
+        if resolution <= 0:
+            raise ValueError(f"resolution must be at least 1ms, got {resolution}ms")
+        return resolution
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix_name(cls, prefix: str) -> str:
+        if not _NAME.match(prefix) or prefix.startswith("amq."):
+            raise ValueError(
+                f"prefix {prefix!r} must be words of letters, digits, '-' or '_' "
+                "joined by dots, and must not start with 'amq.'"
+            )
+        return prefix
+
+    @field_validator("named_tiers")
+    @classmethod
+    def _named_unique(cls, tiers: list[int]) -> list[int]:
+        if len(set(tiers)) != len(tiers):
+            raise ValueError(f"named_tiers repeat a duration: {[format_ms(t) for t in tiers]}")
+        if len(tiers) > 8:
+            raise ValueError("at most 8 named tiers are supported")
+        return sorted(tiers, reverse=True)
+
+    @model_validator(mode="after")
+    def _layout_fits(self) -> Settings:
+        # Building the layout runs every check that needs more than one field.
+        from .layout import Layout
+
+        Layout.from_settings(self)
+        return self
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.url)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        toml_file = _CONFIG_FILE.get()
+        if toml_file is not None:
+            sources += (TomlConfigSettingsSource(settings_cls, toml_file=toml_file),)
+        return sources
+
+
+class _ConfigFile:
+    """The TOML file of the current load; pydantic-settings asks for it per class."""
+
+    path: Path | None = None
+
+    def get(self) -> Path | None:
+        return self.path
+
+
+_CONFIG_FILE = _ConfigFile()
+
+
+def load_settings(config: Path | str | None = None, **overrides: Any) -> Settings:
+    """Load settings: ``overrides`` (flags) over ``RMQDELAY_*`` over the TOML ``config``.
+
+    ``None`` overrides are dropped, so unset CLI flags fall through to the environment.
+    """
+    path = Path(config) if config is not None else None
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    _CONFIG_FILE.path = path
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _CONFIG_FILE.path = None
