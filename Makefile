@@ -1,0 +1,90 @@
+# rmqdelay developer tasks.  `make test` is the documented test command; CI runs it.
+#
+#   make venv     .venv with the package and its dev extras (redone when pyproject.toml changes)
+#   make broker   make sure a RabbitMQ broker is up (scripts/broker.py)
+#   make lint     ruff + mypy
+#   make test     lint, then pytest (PYTEST_ARGS='-k foo -x' passes options through)
+#   make demo     run examples/seeds_demo.py against the broker
+#   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
+#   make clean    caches and build output (distclean also removes .venv)
+#
+# The broker comes from scripts/broker.py: $RMQDELAY_URL, else 127.0.0.1:5672, else a
+# testcontainers container (started by pytest's fixture), else Debian's rabbitmq-server.
+# Its URL is exported as RMQDELAY_URL to pytest, the demo and the bench.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+.DELETE_ON_ERROR:
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP_DEV := $(VENV)/.stamp-dev
+STAMP_BENCH := $(VENV)/.stamp-bench
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+BENCH_ARGS ?=
+
+# Python 3.10+ to build the venv with; python3.11 first when present.
+ifndef BOOT_PYTHON
+BOOT_PYTHON := $(shell for p in python3.11 python3 python3.13 python3.12 python3.10; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
+	2>/dev/null && { command -v $$p; break; }; done)
+endif
+
+# Shell snippet: export RMQDELAY_URL=<broker URL> unless the broker is a testcontainers
+# one (then broker.py prints no URL and pytest's fixture starts the container).
+WITH_BROKER = url="$$($(PY) scripts/broker.py --quiet)"; \
+	if [ -n "$$url" ]; then export RMQDELAY_URL="$$url"; fi; unset url;
+
+.PHONY: venv broker lint test test-oldest demo bench clean distclean
+
+venv: $(STAMP_DEV)
+
+$(STAMP_DEV): pyproject.toml
+	@if [ -z "$(BOOT_PYTHON)" ]; then echo "make venv: need python3 >= 3.10 (python3.11 preferred)" >&2; exit 1; fi
+	@if [ ! -x $(PY) ]; then echo "creating $(VENV) with $(BOOT_PYTHON)"; $(BOOT_PYTHON) -m venv $(VENV); fi
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+$(STAMP_BENCH): pyproject.toml $(STAMP_DEV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	@touch $@
+
+# Succeeds on a Docker-only machine without starting anything (pytest starts the container).
+broker: venv
+	@$(PY) scripts/broker.py > /dev/null
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+test: venv lint broker
+	@$(WITH_BROKER) \
+	rc=0; $(VENV)/bin/pytest -q $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
+	exit $$rc
+
+# The oldest supported Python (3.10), when one is installed: the pure core, the
+# publishers and the worker, in a venv of its own (pip may pick older dependencies).
+PY310 ?= $(shell for p in python3.10 $$(ls -d /root/.pyenv/versions/3.10*/bin/python 2>/dev/null); do \
+	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null && { echo $$p; break; }; done)
+test-oldest: broker
+	@if [ -z "$(PY310)" ]; then echo "test-oldest: no Python 3.10 here; skipped"; exit 0; fi; \
+	[ -x .venv310/bin/python ] || $(PY310) -m venv .venv310; \
+	.venv310/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'; \
+	$(WITH_BROKER) .venv310/bin/pytest -q -p no:cacheprovider tests/test_engine_properties.py \
+		tests/test_core_units.py tests/test_delivery.py tests/test_worker.py
+
+demo: venv broker
+	$(PY) scripts/broker.py --quiet --run -- $(PY) examples/seeds_demo.py $(DEMO_ARGS)
+
+bench: $(STAMP_BENCH) broker
+	$(PY) scripts/broker.py --quiet --run -- $(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,88 @@
+"""Helpers the broker tests share: a collecting consumer and time in epoch ms."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+
+from rmqdelay import Layout, Settings
+from rmqdelay.messages import DUE_AT
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Received:
+    message_id: str
+    body: bytes
+    headers: dict[str, Any]
+    received_at_ms: int
+    routing_key: str = ""
+
+    @property
+    def due_at_ms(self) -> int:
+        return int(self.headers[DUE_AT])
+
+    @property
+    def lateness_ms(self) -> int:
+        return self.received_at_ms - self.due_at_ms
+
+
+@dataclass
+class Collector:
+    """Consumes a queue in the background, acking, and records what arrives."""
+
+    url: str
+    queue: str
+    received: list[Received] = field(default_factory=list)
+    _connection: aio_pika.abc.AbstractConnection | None = None
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __aenter__(self) -> Collector:
+        self._connection = await aio_pika.connect(self.url)
+        channel = await self._connection.channel()
+        await channel.set_qos(prefetch_count=200)
+        queue = await channel.get_queue(self.queue, ensure=True)
+        await queue.consume(self._on_message)
+        return self
+
+    async def _on_message(self, message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        at = now_ms()
+        self.received.append(
+            Received(
+                str(message.message_id),
+                message.body,
+                dict(message.headers),
+                at,
+                message.routing_key or "",
+            )
+        )
+        await message.ack()
+        self._arrived.set()
+
+    async def wait_for(self, count: int, timeout: float) -> list[Received]:
+        """Wait until ``count`` messages arrived or ``timeout`` passed; return them all."""
+        deadline = time.monotonic() + timeout
+        while len(self.received) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._arrived.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), timeout=min(left, 0.5))
+        return list(self.received)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
+
+def work_queue(settings: Settings, destination: str) -> str:
+    return Layout.from_settings(settings).work_queue(destination)
