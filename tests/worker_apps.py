@@ -1,0 +1,44 @@
+"""Worker apps the subprocess tests run with ``rmqdelay worker worker_apps:app``.
+
+Settings come from ``RMQDELAY_*``. Each handler appends ``event message_id attempt pid``
+lines to ``$WORKER_TEST_LOG`` (one ``write`` each, so lines survive SIGKILL whole) and
+sleeps ``$WORKER_TEST_SLEEP`` seconds in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from rmqdelay.context import Context
+from rmqdelay.worker import Worker
+
+app = Worker()
+_SLEEP = float(os.environ.get("WORKER_TEST_SLEEP", "0"))
+
+
+def record(event: str, ctx: Context) -> None:
+    path = os.environ["WORKER_TEST_LOG"]
+    line = f"{event} {ctx.message_id} {ctx.attempt} {os.getpid()}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+@app.handler("batch")
+def batch(msg: dict[str, int], ctx: Context) -> None:
+    """Sync: runs in the worker's thread pool."""
+    record("start", ctx)
+    time.sleep(_SLEEP)
+    record("done", ctx)
+
+
+@app.handler("slow")
+async def slow(msg: str, ctx: Context) -> None:
+    """Async: runs as a task on the worker's event loop."""
+    record("start", ctx)
+    await asyncio.sleep(_SLEEP)
+    record("done", ctx)
