@@ -1,0 +1,1 @@
+"""Benchmark suite for rmqdelay and its peer designs (see bench/README.md)."""

@@ -1,0 +1,37 @@
+"""``python -m bench [command] ...``: entry point of the benchmark suite.
+
+Commands:
+  (none)  the whole suite (``bench.suite``): ``python -m bench``, ``python -m bench --quick``,
+          ``python -m bench --only publish,e2e --scale-messages 0`` (``--help`` lists flags)
+  report  plots and the README "Performance" section from bench/results/*.json
+  peers   the peer designs alone (``bench.scenarios_peers``): ``python -m bench peers --quick``
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("help", "commands"):
+        print(__doc__)
+        return 0
+    command, rest = (argv[0], argv[1:]) if argv and not argv[0].startswith("-") else ("", argv)
+    if command == "":
+        from bench.suite import main as suite_main
+
+        return suite_main(rest)
+    if command == "peers":
+        from bench.scenarios_peers import main as peers_main
+
+        return peers_main(rest)
+    if command == "report":
+        from bench.report import main as report_main
+
+        return report_main(rest)
+    print(f"unknown command {command!r}\n{__doc__}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
