@@ -237,9 +237,14 @@ class BrokerAdmin:
         """Open connections: ``{"name", "connection_name", "user", "state"}`` each.
 
         ``connection_name`` is the client-provided name (None if the client gave none).
-        Through the management API a brand-new connection can take ~5 s to show.
+        Through the management API a brand-new connection can take ~5 s to show, and a
+        closed one stays listed as "closed" until its stats expire: those are left out.
         """
-        return [{k: v for k, v in c.items() if k != "pid"} for c in self._connections()]
+        return [
+            {k: v for k, v in c.items() if k != "pid"}
+            for c in self._connections()
+            if c["state"] not in _GONE
+        ]
 
     def _connections(self) -> list[dict[str, Any]]:
         if self.connections_backend == "api":
