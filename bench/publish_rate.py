@@ -114,11 +114,13 @@ def sync_rate(settings: Settings, count: int, window: int) -> float:
 async def raw_to_tiers_rate(settings: Settings, count: int, window: int) -> float:
     """Diagnostic: raw aio-pika sending exactly rmqdelay's messages (planned beforehand).
 
-    Same exchange, routing keys, headers and properties as the async publisher, none of
-    its per-message work: the broker-side cost of the tiers, separated from the client's.
+    Same exchange, routing keys, headers, properties and order (by due time) as the async
+    publisher, none of its per-message work: the broker-side cost of the tiers, separated
+    from the client's.
     """
     core = PublisherCore(settings)
-    outs = [core.finalize(core.prepare(**r)) for r in _requests(count, 3)]
+    batch = [core.prepare(**r) for r in _requests(count, 3)]
+    outs = [core.finalize(batch[i]) for i in core.send_order(batch)]
     connection = await aio_pika.connect(settings.url)
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)

@@ -119,11 +119,12 @@ class AsyncPublisher:
         prepared = [self.core.prepare(**request) for request in requests]
         for destination in dict.fromkeys(p.destination for p in prepared):
             await self.check_destination(destination)
+        order = self.core.send_order(prepared)
         outcomes: list[PublishResult | BaseException] = []
-        for start in range(0, len(prepared), self._window):
-            chunk = prepared[start : start + self._window]
+        for start in range(0, len(order), self._window):
+            chunk = [prepared[i] for i in order[start : start + self._window]]
             outcomes += await asyncio.gather(*(self.send(p) for p in chunk), return_exceptions=True)
-        return gather_results(prepared, outcomes)
+        return gather_results(prepared, outcomes, order)
 
     async def send(self, prepared: Prepared) -> PublishResult:
         """Route a prepared message now, send it, and wait for its confirm."""

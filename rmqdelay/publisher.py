@@ -170,7 +170,8 @@ class Publisher:
         prepared = [self.core.prepare(**request) for request in requests]
         for destination in dict.fromkeys(p.destination for p in prepared):
             self.check_destination(destination)
-        return gather_results(prepared, self._send(prepared))
+        order = self.core.send_order(prepared)
+        return gather_results(prepared, self._send([prepared[i] for i in order]), order)
 
     def _send(self, batch: list[Prepared]) -> list[PublishResult | BaseException]:
         self._open_channel()

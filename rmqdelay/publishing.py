@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, TypedDict
@@ -209,6 +209,17 @@ class PublisherCore:
             f"the broker nacked message {out.message_id} to {out.prepared.destination!r}"
         )
 
+    @staticmethod
+    def send_order(batch: Sequence[Prepared]) -> list[int]:
+        """The batch's indices by due time, in their given order where due times tie.
+
+        Messages due close together enter the same first tier one after another, and
+        the broker confirms such a run with one multiple ack: a random mix of tiers took
+        four times the confirm frames and cost the async publisher about a fifth of its
+        rate (bench/README.md). Messages arrive by due time anyway.
+        """
+        return sorted(range(len(batch)), key=lambda i: batch[i].due_at_us)
+
     def finalize(self, prepared: Prepared, now: int | None = None) -> Outgoing:
         """Plan what is left of the delay at this moment."""
         remaining = prepared.due_at_us - (now_us() if now is None else now)
@@ -222,9 +233,20 @@ class PublisherCore:
 
 
 def gather_results(
-    prepared: list[Prepared], outcomes: list[PublishResult | BaseException]
+    prepared: Sequence[Prepared],
+    outcomes: Sequence[PublishResult | BaseException],
+    order: Sequence[int] | None = None,
 ) -> list[PublishResult]:
-    """Return a batch's results in order, or raise BatchPublishError naming the failures."""
+    """Return a batch's results in order, or raise BatchPublishError naming the failures.
+
+    ``outcomes[k]`` belongs to ``prepared[order[k]]`` when the batch went out in
+    ``order`` (see :meth:`PublisherCore.send_order`).
+    """
+    if order is not None:
+        restored: list[PublishResult | BaseException] = list(outcomes)
+        for k, index in enumerate(order):
+            restored[index] = outcomes[k]
+        outcomes = restored
     failures: dict[str, PublishError] = {}
     for item, outcome in zip(prepared, outcomes, strict=True):
         if isinstance(outcome, PublishError):

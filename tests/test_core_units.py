@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime, timedelta, timezone
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from rmqdelay import DelayError, InvalidBodyError, InvalidDestinationError, Settings, mask_url
 from rmqdelay.durations import format_ms, parse_duration_us
 from rmqdelay.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers, encode_body
-from rmqdelay.publishing import PublisherCore
+from rmqdelay.publishing import PublisherCore, PublishResult, gather_results
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,11 @@ def test_duration_numbers_are_exact_seconds() -> None:
     assert parse_duration_us(2) == 2_000_000
     assert parse_duration_us(timedelta(milliseconds=1, microseconds=5)) == 1005
     assert parse_duration_us(1e-7) == 1  # rounded up, never early
+
+
+@given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False))
+def test_float_seconds_are_read_from_their_shortest_form(seconds: float) -> None:
+    assert parse_duration_us(seconds) == math.ceil(Fraction(repr(seconds)) * 1_000_000)
 
 
 @pytest.mark.parametrize("bad", ["", "soon", "5 parsecs", "1h 2x", "nan", "inf", math.nan, True])
@@ -172,3 +178,21 @@ def test_prepare_keeps_message_id_and_strips_x_death() -> None:
     assert prepared.message_id == "m-1"
     assert prepared.headers == {ATTEMPT: 3}
     assert prepared.content_type == "application/x-custom"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=5), max_size=40))
+def test_batches_go_out_by_due_time_and_results_come_back_in_order(dues: list[int]) -> None:
+    core = PublisherCore(Settings())
+    batch = [
+        core.prepare("orders", b"x", delay=d, message_id=f"m{i}", now=0) for i, d in enumerate(dues)
+    ]
+    order = core.send_order(batch)
+    sent = [batch[i] for i in order]
+    assert sorted(order) == list(range(len(batch)))
+    # by due time, and in the caller's order where due times tie
+    assert [(p.due_at_us, int(p.message_id[1:])) for p in sent] == sorted(
+        (d * 1_000_000, i) for i, d in enumerate(dues)
+    )
+    outcomes = [PublishResult.of(core.finalize(p, now=0)) for p in sent]
+    results = gather_results(batch, outcomes, order)
+    assert [r.message_id for r in results] == [p.message_id for p in batch]

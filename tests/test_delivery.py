@@ -63,9 +63,12 @@ async def test_random_delays_none_early_none_lost(rmq: Settings) -> None:
         AsyncPublisher(rmq) as publisher,
     ):
         results = await publisher.publish_many(
-            {"destination": "orders", "body": str(i), "delay": d} for i, d in enumerate(delays)
+            {"destination": "orders", "body": str(i), "delay": d, "message_id": f"m{i}"}
+            for i, d in enumerate(delays)
         )
         received = await collector.wait_for(len(delays), timeout=30)
+    # sent by due time, but the results follow the requests
+    assert [r.message_id for r in results] == [f"m{i}" for i in range(len(delays))]
     assert sorted(r.message_id for r in received) == sorted(r.message_id for r in results)
     for r in received:
         assert r.headers[DESTINATION] == "orders"
@@ -75,9 +78,10 @@ async def test_random_delays_none_early_none_lost(rmq: Settings) -> None:
 
 def test_sync_publisher_delivers_in_due_order(rmq: Settings) -> None:
     with Publisher(rmq) as publisher:
-        publisher.publish_many(
+        results = publisher.publish_many(
             [{"destination": "orders", "body": f"{d}", "delay": d} for d in (1.2, 0.6, 0)]
         )
+    assert [r.due_at_ms for r in results] == sorted(r.due_at_ms for r in results)[::-1]
     connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
     try:
         channel = connection.channel()
