@@ -104,8 +104,9 @@ class AsyncPublisher:
     ) -> PublishResult:
         """Publish one message and wait for the broker's confirm.
 
-        ``options``: ``delay`` or ``at``, ``headers``, ``message_id``,
-        ``correlation_id``, ``content_type`` (see :class:`PublishOptions`).
+        ``options``: ``delay`` or ``at``, ``headers``, ``message_id``, and the AMQP
+        properties ``correlation_id``, ``content_type``, ``content_encoding``,
+        ``priority``, ``reply_to``, ``type`` and ``app_id`` (see :class:`PublishOptions`).
         """
         prepared = self.core.prepare(destination, body, **options)
         await self.check_destination(destination)
@@ -193,4 +194,9 @@ def _properties(out: Outgoing) -> Basic.Properties:
         headers=out.headers,
         message_id=out.message_id,
         correlation_id=out.prepared.correlation_id,
+        content_encoding=out.prepared.content_encoding,
+        priority=out.prepared.priority,
+        reply_to=out.prepared.reply_to,
+        message_type=out.prepared.type,
+        app_id=out.prepared.app_id,
     )

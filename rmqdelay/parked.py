@@ -20,7 +20,7 @@ from .aio_publisher import AsyncPublisher
 from .connections import connect_async
 from .errors import PublishError, TopologyError, UnknownDestinationError
 from .layout import Layout
-from .parking import ParkedMessage, read_parked, replay_headers
+from .parking import ParkedMessage, kept_properties, read_parked, replay_headers
 from .settings import Settings
 
 __all__ = ["ParkedQueue", "ReplayReport"]
@@ -138,8 +138,7 @@ class ParkedQueue:
                         delay=delay,
                         headers=replay_headers(message.headers),
                         message_id=message.message_id or str(uuid.uuid4()),
-                        correlation_id=message.correlation_id,
-                        content_type=message.content_type,
+                        **kept_properties(message),
                     )
                 except (UnknownDestinationError, PublishError) as exc:
                     report.skipped.append((parked.message_id, str(exc)))

@@ -13,10 +13,11 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from .layout import Layout
 from .messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
+from .publishing import MessageProperties
 
 __all__ = [
     "PARKED_AT",
@@ -29,6 +30,7 @@ __all__ = [
     "REPLAYS",
     "ParkedMessage",
     "header_int",
+    "kept_properties",
     "parked_headers",
     "read_parked",
     "replay_headers",
@@ -215,3 +217,39 @@ def read_parked(
         replays=header_int(headers, REPLAYS, 0),
         headers=headers,
     )
+
+
+class _Properties(Protocol):
+    """The AMQP properties of a received message (aio-pika's incoming message has them)."""
+
+    @property
+    def correlation_id(self) -> str | None: ...
+    @property
+    def content_type(self) -> str | None: ...
+    @property
+    def content_encoding(self) -> str | None: ...
+    @property
+    def priority(self) -> int | None: ...
+    @property
+    def reply_to(self) -> str | None: ...
+    @property
+    def type(self) -> str | None: ...
+    @property
+    def app_id(self) -> str | None: ...
+
+
+def kept_properties(message: _Properties) -> MessageProperties:
+    """What a retried or replayed message keeps of its properties, besides id and headers.
+
+    A retry is a new publish, so everything else the sender set must be copied over, or
+    a handler on the next attempt would find, say, no ``reply_to``.
+    """
+    return {
+        "correlation_id": message.correlation_id,
+        "content_type": message.content_type,
+        "content_encoding": message.content_encoding,
+        "priority": message.priority,
+        "reply_to": message.reply_to,
+        "type": message.type,
+        "app_id": message.app_id,
+    }

@@ -31,6 +31,7 @@ from .routing import validate_destination
 from .settings import Settings
 
 __all__ = [
+    "MessageProperties",
     "Outgoing",
     "Prepared",
     "PublishOptions",
@@ -45,7 +46,21 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-class PublishOptions(TypedDict, total=False):
+class MessageProperties(TypedDict, total=False):
+    """The AMQP properties ``publish`` takes besides the message id and headers."""
+
+    correlation_id: str | None
+    content_type: str | None
+    """Default: from the body's type."""
+    content_encoding: str | None
+    priority: int | None
+    """0 to 255; only a queue declared with x-max-priority uses it."""
+    reply_to: str | None
+    type: str | None
+    app_id: str | None
+
+
+class PublishOptions(MessageProperties, total=False):
     """The keyword arguments of ``publish``, shared by both publishers."""
 
     delay: DurationLike | None
@@ -55,9 +70,6 @@ class PublishOptions(TypedDict, total=False):
     headers: Mapping[str, Any] | None
     message_id: str | None
     """Default: a new uuid. Keep it stable across retries."""
-    correlation_id: str | None
-    content_type: str | None
-    """Default: from the body's type."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,11 @@ class Prepared:
     message_id: str
     correlation_id: str | None
     due_at_us: int
+    content_encoding: str | None = None
+    priority: int | None = None
+    reply_to: str | None = None
+    type: str | None = None
+    app_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +155,11 @@ class PublisherCore:
         message_id: str | None = None,
         correlation_id: str | None = None,
         content_type: str | None = None,
+        content_encoding: str | None = None,
+        priority: int | None = None,
+        reply_to: str | None = None,
+        type: str | None = None,  # AMQP's name for it, as in pika and aio-pika
+        app_id: str | None = None,
         now: int | None = None,
     ) -> Prepared:
         """Validate a publish and fix its due time; raise before anything is sent."""
@@ -152,6 +174,10 @@ class PublisherCore:
         out_headers.setdefault(ATTEMPT, 1)
         if message_id is not None and (not isinstance(message_id, str) or not message_id):
             raise ValueError(f"message_id must be a non-empty str, got {message_id!r}")
+        if priority is not None and (
+            isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255
+        ):
+            raise ValueError(f"priority must be an int from 0 to 255, got {priority!r}")
         return Prepared(
             destination=destination,
             body=payload,
@@ -160,6 +186,11 @@ class PublisherCore:
             message_id=message_id or str(uuid.uuid4()),
             correlation_id=correlation_id,
             due_at_us=due,
+            content_encoding=content_encoding,
+            priority=priority,
+            reply_to=reply_to,
+            type=type,
+            app_id=app_id,
         )
 
     def _delay_us(self, delay: DurationLike | None, at: datetime | None, start: int) -> int:

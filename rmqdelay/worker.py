@@ -43,7 +43,7 @@ from .handlers import HandlerSpec, inspect_handler
 from .layout import Layout
 from .messages import ATTEMPT, DUE_AT
 from .metrics import HANDLED, HANDLER_SECONDS, LATENESS
-from .parking import header_int, parked_headers, short_traceback
+from .parking import header_int, kept_properties, parked_headers, short_traceback
 from .retry import (
     DEFAULT_BACKOFF,
     DEFAULT_MAX_ATTEMPTS,
@@ -711,8 +711,7 @@ class RunningWorker:
             delay=timedelta(milliseconds=decision.delay_ms),
             headers=headers,
             message_id=received.message_id,
-            correlation_id=message.correlation_id,
-            content_type=message.content_type,
+            **kept_properties(message),
         )
         await session.publisher.send(prepared)
 

@@ -79,18 +79,20 @@ async def test_random_delays_none_early_none_lost(rmq: Settings) -> None:
 def test_sync_publisher_delivers_in_due_order(rmq: Settings) -> None:
     with Publisher(rmq) as publisher:
         results = publisher.publish_many(
-            [{"destination": "orders", "body": f"{d}", "delay": d} for d in (1.2, 0.6, 0)]
+            [
+                {"destination": "orders", "body": f"{d}", "delay": d, "reply_to": "replies"}
+                for d in (1.2, 0.6, 0)
+            ]
         )
     assert [r.due_at_ms for r in results] == sorted(r.due_at_ms for r in results)[::-1]
     connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
     try:
         channel = connection.channel()
         bodies = []
-        for method, _props, body in channel.consume(
-            work_queue(rmq, "orders"), inactivity_timeout=5
-        ):
+        for method, props, body in channel.consume(work_queue(rmq, "orders"), inactivity_timeout=5):
             assert method is not None, f"timed out after {bodies}"
             channel.basic_ack(method.delivery_tag)
+            assert props.reply_to == "replies" and props.delivery_mode == 2
             bodies.append(body)
             if len(bodies) == 3:
                 break

@@ -107,6 +107,17 @@ async def test_fails_twice_then_succeeds_at_the_retry_delays(
     assert await queue_depth(settings, parking_queue(settings)) == 0
 
 
+PROPERTIES: dict[str, Any] = {
+    "correlation_id": "corr-1",
+    "content_type": "application/x-raw",
+    "content_encoding": "identity",
+    "priority": 3,
+    "reply_to": "replies",
+    "type": "charge",
+    "app_id": "shop",
+}
+
+
 async def test_always_failing_message_is_parked_after_max_attempts(
     amqp_url: str, prefix: str
 ) -> None:
@@ -122,7 +133,7 @@ async def test_always_failing_message_is_parked_after_max_attempts(
     parking = parking_queue(settings)
     async with AsyncPublisher(settings) as publisher, app.running():
         sent = await publisher.publish(
-            DEST, b"\x00raw", delay=0, headers={"tenant": "acme"}, correlation_id="corr-1"
+            DEST, b"\x00raw", delay=0, headers={"tenant": "acme"}, **PROPERTIES
         )
         await wait_until(lambda: len(calls) >= 3, 10, "three attempts")
         deadline = time.monotonic() + 10
@@ -134,7 +145,8 @@ async def test_always_failing_message_is_parked_after_max_attempts(
     headers = parked.headers
     assert parked.body == b"\x00raw"
     assert parked.message_id == sent.message_id
-    assert parked.correlation_id == "corr-1"
+    # kept through two retries and the parking
+    assert {name: getattr(parked, name) for name in PROPERTIES} == PROPERTIES
     assert headers["tenant"] == "acme"
     assert headers[ATTEMPT] == 3
     assert headers[DESTINATION] == DEST

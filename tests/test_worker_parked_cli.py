@@ -9,6 +9,7 @@ from typing import Any
 from typer.testing import CliRunner
 from worker_helpers import (
     Calls,
+    drain,
     make_settings,
     parking_queue,
     queue_depth,
@@ -124,7 +125,7 @@ async def test_parked_replay_with_a_limit_and_purge(amqp_url: str, prefix: str) 
     async with AsyncPublisher(settings) as publisher:
         async with app.running(concurrency=4):  # every body is invalid: all parked at once
             await publisher.publish_many(
-                {"destination": d, "body": "not json", "delay": 0}
+                {"destination": d, "body": "not json", "delay": 0, "reply_to": "replies"}
                 for d in ["orders"] * 24 + ["emails"] * 2
             )
             await wait_parked(settings, 26)
@@ -133,7 +134,11 @@ async def test_parked_replay_with_a_limit_and_purge(amqp_url: str, prefix: str) 
         assert code == 0, output
         assert "replayed 20 message(s)" in output
         assert await queue_depth(settings, parking) == 6
-        assert await queue_depth(settings, work_queue(settings, "orders")) == 20
+        replayed = await drain(settings, work_queue(settings, "orders"))
+        assert len(replayed) == 20
+        assert {(m.reply_to, m.content_type) for m in replayed} == {
+            ("replies", "text/plain; charset=utf-8")
+        }
 
         code, output = await cli(settings, "parked", "purge", "-d", "emails")
         assert code == 1 and "--yes" in output
