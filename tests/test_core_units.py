@@ -154,6 +154,8 @@ def test_prepare_rejects_bad_input_before_sending() -> None:
         ({}, DelayError, "give delay="),
         ({"at": naive}, DelayError, "naive"),
         ({"at": aware + timedelta(hours=2)}, DelayError, "over the maximum"),
+        ({"delay": 1, "priority": 256}, ValueError, "priority must be an int from 0 to 255"),
+        ({"delay": 1, "priority": True}, ValueError, "priority must be"),
     ]
     for kwargs, error, message in cases:
         with pytest.raises(error, match=message):
