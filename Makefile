@@ -73,8 +73,8 @@ test-oldest: broker
 	@if [ -z "$(PY310)" ]; then echo "test-oldest: no Python 3.10 here; skipped"; exit 0; fi; \
 	[ -x .venv310/bin/python ] || $(PY310) -m venv .venv310; \
 	.venv310/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'; \
-	$(WITH_BROKER) .venv310/bin/pytest -q -p no:cacheprovider tests/test_engine_properties.py \
-		tests/test_core_units.py tests/test_delivery.py tests/test_worker.py
+	$(WITH_BROKER) .venv310/bin/pytest -q -p no:cacheprovider tests/unit \
+		tests/broker/test_delivery.py tests/broker/test_worker.py
 
 demo: venv broker
 	$(PY) scripts/broker.py --quiet --run -- $(PY) examples/seeds_demo.py $(DEMO_ARGS)

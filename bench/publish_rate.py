@@ -25,7 +25,7 @@ import aio_pika
 
 from bench.common import CpuMeter, broker_pid, idle_cpu_rate
 from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyManager
-from rmqdelay.publishing import Outgoing, PublisherCore
+from rmqdelay.core.outgoing import Outgoing, PublisherCore
 
 BODY = b"x" * 100
 
@@ -118,7 +118,7 @@ async def raw_to_tiers_rate(settings: Settings, count: int, window: int) -> floa
     publisher, none of its per-message work: the broker-side cost of the tiers, separated
     from the client's.
     """
-    core = PublisherCore(settings)
+    core = PublisherCore(settings.layout)
     batch = [core.prepare(**r) for r in _requests(count, 3)]
     outs = [core.finalize(batch[i]) for i in core.send_order(batch)]
     connection = await aio_pika.connect(settings.url)

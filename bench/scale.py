@@ -44,7 +44,7 @@ from bench.common import (
 )
 from bench.peers.rmqdelay_peer import RmqdelayPeer
 from bench.publish_rate import LAST_CPU_US, raw_rate
-from rmqdelay.management import ManagementApi
+from rmqdelay.amqp.management import ManagementApi
 
 RABBIT_DATA = os.environ.get("BENCH_RABBIT_DATA", "/var/lib/rabbitmq/mnesia")
 

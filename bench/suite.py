@@ -468,10 +468,10 @@ def _steady_params(s: SuiteSizes) -> dict[str, Any]:
 
 def planned_hops(radix: int, named: Sequence[str], delays_ms: Sequence[int]) -> float:
     """Mean hops the planner gives for these delays (no broker involved)."""
-    from rmqdelay import Layout, Settings, plan_delay
+    from rmqdelay import Settings, plan_delay
 
     settings = Settings(prefix="plan", radix=radix, named_tiers=list(named), destinations=[])
-    layout = Layout.from_settings(settings)
+    layout = settings.layout
     total = sum(len(plan_delay(layout, d * 1000, "x").hops) for d in delays_ms)
     return total / len(delays_ms)
 
@@ -484,7 +484,7 @@ async def workload_radix(suite: Suite) -> None:
     configs.append((f"radix 16 + named {s.named_tier}", 16, [s.named_tier]))
     rng = random.Random(s.seed)
     sample = [rng.randint(s.min_delay_ms, s.max_delay_ms) for _ in range(20_000)]
-    from rmqdelay.durations import parse_duration_us
+    from rmqdelay.core.durations import parse_duration_us
 
     named_ms = parse_duration_us(s.named_tier) // 1000
     results: dict[str, Any] = {"plain_limit_per_s": limit_rate, "configs": {}}

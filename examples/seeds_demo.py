@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rmqdelay import AsyncPublisher, Settings
-from rmqdelay.topology_manager import TopologyManager
+from rmqdelay.amqp.topology_manager import TopologyManager
 
 DELAYS = (5, 4, 3, 2, 1)
 

@@ -1,11 +1,21 @@
 """rmqdelay: exact, plugin-free delayed delivery on RabbitMQ, at least once."""
 
-from .aio_publisher import AsyncPublisher
-from .context import Context
-from .durations import DurationLike, format_ms, parse_duration_us
+from .amqp.aio_publisher import AsyncPublisher
+from .amqp.parked_queue import ParkedQueue
+from .amqp.publisher import Publisher
+from .amqp.topology_manager import TopologyManager
+from .core.context import Context
+from .core.durations import DurationLike, format_ms, parse_duration_us
+from .core.layout import Layout
+from .core.outgoing import PublishResult
+from .core.parking import ParkedMessage
+from .core.plan import DelayPlan, plan_delay
+from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
+from .core.topology import Topology, build_topology
 from .errors import (
     BatchPublishError,
     ConfigurationError,
+    ConnectionFailedError,
     DelayError,
     InvalidBodyError,
     InvalidDestinationError,
@@ -17,24 +27,17 @@ from .errors import (
     TopologyError,
     UnknownDestinationError,
     UnroutableError,
+    WorkerError,
 )
-from .layout import Layout
-from .parked import ParkedQueue
-from .parking import ParkedMessage
-from .planner import DelayPlan, plan_delay
-from .publisher import Publisher
-from .publishing import PublishResult
-from .retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
 from .settings import Settings, load_settings, mask_url
-from .topology import Topology, build_topology
-from .topology_manager import TopologyManager
-from .worker import RunningWorker, Worker, WorkerError
+from .worker import RunningWorker, Worker
 
 __all__ = [
     "AsyncPublisher",
     "Backoff",
     "BatchPublishError",
     "ConfigurationError",
+    "ConnectionFailedError",
     "Context",
     "DecodeError",
     "DelayError",

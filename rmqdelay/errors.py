@@ -8,6 +8,7 @@ from __future__ import annotations
 __all__ = [
     "BatchPublishError",
     "ConfigurationError",
+    "ConnectionFailedError",
     "DelayError",
     "InvalidBodyError",
     "InvalidDestinationError",
@@ -19,6 +20,7 @@ __all__ = [
     "TopologyError",
     "UnknownDestinationError",
     "UnroutableError",
+    "WorkerError",
 ]
 
 
@@ -80,6 +82,18 @@ class BatchPublishError(PublishError):
 
 class TopologyError(RmqDelayError):
     """The broker's objects are missing or differ from what the settings describe."""
+
+
+class ConnectionFailedError(TopologyError):
+    """No connection to the broker could be opened: the URL, TLS or the network.
+
+    It subclasses :class:`TopologyError` only so that code written when connection
+    failures were reported under that name still catches them.
+    """
+
+
+class WorkerError(RmqDelayError):
+    """The worker cannot run: a missing work queue, refused access, a bad queue name."""
 
 
 class TopologyConflictError(TopologyError):

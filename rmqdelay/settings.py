@@ -6,6 +6,7 @@ Durations are stored as whole milliseconds, because RabbitMQ TTLs are.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -18,7 +19,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from .durations import format_ms, parse_duration_us
+from .core.durations import format_ms, parse_duration_us
+from .core.layout import Layout
 from .errors import DelayError
 
 __all__ = ["Milliseconds", "Settings", "load_settings", "mask_url"]
@@ -120,10 +122,27 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _layout_fits(self) -> Settings:
         # Building the layout runs every check that needs more than one field.
-        from .layout import Layout
-
-        Layout.from_settings(self)
+        _ = self.layout
         return self
+
+    @property
+    def layout(self) -> Layout:
+        """The delay layout these settings describe; callers take it once and pass it down.
+
+        Cached by value, not on the instance: ``model_copy(update=...)`` copies the
+        instance's attributes without validating, and must not keep a stale layout.
+        """
+        return _build_layout(
+            prefix=self.prefix,
+            resolution_ms=self.resolution,
+            radix=self.radix,
+            positions=self.positions,
+            max_delay_ms=self.max_delay,
+            named_tiers_ms=tuple(self.named_tiers),
+            max_destination_length=self.max_destination_length,
+            queue_type=self.queue_type,
+            delivery_limit=self.delivery_limit,
+        )
 
     @property
     def masked_url(self) -> str:
@@ -143,6 +162,9 @@ class Settings(BaseSettings):
         if toml_file is not None:
             sources += (TomlConfigSettingsSource(settings_cls, toml_file=toml_file),)
         return sources
+
+
+_build_layout = lru_cache(maxsize=64)(Layout.build)
 
 
 class _ConfigFile:

@@ -75,3 +75,16 @@ def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
             admin.cleanup_prefix(value)
         except Exception as exc:  # a broken broker must not hide the test's own result
             warnings.warn(f"cleanup of {value}.* failed: {exc!r}", stacklevel=1)
+
+
+# --------------------------------------------------------------------------- markers
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by its folder: ``unit`` needs no broker, ``broker`` needs one."""
+    for item in items:
+        parts = item.path.parts
+        if "unit" in parts:
+            item.add_marker(pytest.mark.unit)
+        elif "broker" in parts:
+            item.add_marker(pytest.mark.broker)

@@ -10,8 +10,8 @@ from typing import Any
 
 import aio_pika
 
-from rmqdelay import Layout, Settings
-from rmqdelay.messages import DUE_AT
+from rmqdelay import Settings
+from rmqdelay.core.messages import DUE_AT
 
 
 def now_ms() -> int:
@@ -85,4 +85,4 @@ class Collector:
 
 
 def work_queue(settings: Settings, destination: str) -> str:
-    return Layout.from_settings(settings).work_queue(destination)
+    return settings.layout.work_queue(destination)

@@ -11,7 +11,7 @@ import asyncio
 import os
 import time
 
-from rmqdelay.context import Context
+from rmqdelay.core.context import Context
 from rmqdelay.worker import Worker
 
 app = Worker()

@@ -12,9 +12,9 @@ from typing import Any
 
 import aio_pika
 
-from rmqdelay import Layout, Settings
-from rmqdelay.context import Context
-from rmqdelay.topology_manager import TopologyManager
+from rmqdelay import Settings
+from rmqdelay.amqp.topology_manager import TopologyManager
+from rmqdelay.core.context import Context
 
 
 def make_settings(
@@ -70,11 +70,11 @@ async def drain(settings: Settings, queue: str) -> list[aio_pika.abc.AbstractInc
 
 
 def work_queue(settings: Settings, destination: str) -> str:
-    return Layout.from_settings(settings).work_queue(destination)
+    return settings.layout.work_queue(destination)
 
 
 def parking_queue(settings: Settings) -> str:
-    return Layout.from_settings(settings).parking
+    return settings.layout.parking
 
 
 @dataclass

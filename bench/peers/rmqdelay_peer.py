@@ -33,8 +33,8 @@ from bench.common import DEFAULT_AMQP_URL, Record, now_ms
 from bench.peers.base import Arrivals, Item, unique_prefix
 from bench.peers.rmqdelay_worker import HDR_DUE, HDR_PUB, death_hops
 from rmqdelay import AsyncPublisher, Publisher, PublishResult, Settings, TopologyManager
-from rmqdelay.context import Context
-from rmqdelay.durations import format_ms
+from rmqdelay.core.context import Context
+from rmqdelay.core.durations import format_ms
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +142,8 @@ class RmqdelayPeer:
         self._torn_down = False
 
     def settings_layout(self) -> Any:
-        from rmqdelay import Layout
 
-        return Layout.from_settings(self.settings)
+        return self.settings.layout
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 from rmqdelay import Settings
-from rmqdelay.context import Context
-from rmqdelay.logs import configure_logging
+from rmqdelay.core.context import Context
 from rmqdelay.worker import Worker
+from rmqdelay.worker.logs import configure_logging
 
 HDR_PUB = "x-bench-pub"
 HDR_DUE = "x-bench-due"

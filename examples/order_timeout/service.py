@@ -30,11 +30,11 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rmqdelay import Settings
-from rmqdelay.context import Context
-from rmqdelay.publisher import Publisher
-from rmqdelay.publishing import PublishResult
-from rmqdelay.retry import Backoff
-from rmqdelay.topology_manager import TopologyManager
+from rmqdelay.amqp.publisher import Publisher
+from rmqdelay.amqp.topology_manager import TopologyManager
+from rmqdelay.core.context import Context
+from rmqdelay.core.outgoing import PublishResult
+from rmqdelay.core.retry import Backoff
 from rmqdelay.worker import Worker
 
 DESTINATION = "orders-timeout"

@@ -1,0 +1,224 @@
+"""Declare, compare, verify and remove the topology on a broker (sync, pika).
+
+RabbitMQ never changes a queue's arguments in place, so ``apply`` only adds and
+stops at the first conflict, naming the object, the argument, and both values.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+import pika
+import pika.exceptions
+from pika.adapters.blocking_connection import BlockingChannel
+
+from ..core.topology import Binding, Exchange, Queue, Topology, build_topology
+from ..errors import TopologyConflictError, TopologyError
+from ..settings import Settings
+from .connections import connect_blocking
+from .management import ManagementApi
+
+__all__ = ["ObjectState", "TopologyManager"]
+
+Status = Literal["ok", "missing", "differs", "unchecked"]
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']+)'"
+    r" in vhost '[^']*': received (?P<wanted>.+?) but current is (?P<found>.+)$"
+)
+
+
+@dataclass(frozen=True)
+class ObjectState:
+    kind: Literal["exchange", "queue", "binding"]
+    name: str
+    status: Status
+    detail: str = ""
+
+
+def _binding_name(b: Binding) -> str:
+    return f"{b.source} -> {b.destination} [{b.routing_key}]"
+
+
+class TopologyManager:
+    """Plan, apply, verify and destroy one prefix's objects."""
+
+    def __init__(
+        self, settings: Settings, *, connection: pika.BlockingConnection | None = None
+    ) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self._connection = connection
+        self._owns_connection = connection is None
+        self._channel: BlockingChannel | None = None
+        self.management = ManagementApi(settings.url)
+
+    def __enter__(self) -> TopologyManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_connection and self._connection is not None:
+            if self._connection.is_open:
+                self._connection.close()
+            self._connection = None
+
+    def topology(self, destinations: Iterable[str] = ()) -> Topology:
+        return build_topology(self.layout, [*self.settings.destinations, *destinations])
+
+    # -- channels: a failed passive check closes the channel, so open a fresh one --
+
+    def _chan(self) -> BlockingChannel:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = connect_blocking(self.settings, "topology")
+        if self._channel is None or not self._channel.is_open:
+            self._channel = self._connection.channel()
+        return self._channel
+
+    def _exists(self, kind: str, name: str) -> int | None:
+        """The message count of a queue (0 for an exchange), or None when missing."""
+        try:
+            if kind == "queue":
+                ok = self._chan().queue_declare(name, passive=True)
+                return int(ok.method.message_count)
+            self._chan().exchange_declare(name, passive=True)
+            return 0
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            self._channel = None
+            if exc.reply_code == 404:
+                return None
+            if exc.reply_code == 403:
+                raise TopologyError(
+                    f"access refused to {kind} {name!r}: {exc.reply_text}"
+                ) from None
+            raise
+
+    def _declare(self, obj: Exchange | Queue) -> None:
+        """Declare with the wanted arguments; raise TopologyConflictError if they differ."""
+        try:
+            if isinstance(obj, Queue):
+                self._chan().queue_declare(obj.name, durable=True, arguments=dict(obj.arguments))
+            else:
+                self._chan().exchange_declare(
+                    obj.name, obj.type, durable=True, arguments=dict(obj.arguments)
+                )
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            self._channel = None
+            match = _INEQUIVALENT.search(exc.reply_text)
+            if exc.reply_code == 406 and match:
+                raise TopologyConflictError(
+                    match["kind"], match["name"], match["arg"], match["found"], match["wanted"]
+                ) from None
+            if exc.reply_code == 403:
+                raise TopologyError(
+                    f"cannot declare {obj.name!r}: {exc.reply_text}. `topology apply` needs "
+                    "configure permission; publishers and workers do not"
+                ) from None
+            raise
+
+    def _binding_states(self, topology: Topology) -> list[ObjectState]:
+        if not self.management.available:
+            return [
+                ObjectState("binding", _binding_name(b), "unchecked", "no management API")
+                for b in topology.bindings
+            ]
+        present = self.management.bindings()
+        return [
+            ObjectState(
+                "binding",
+                _binding_name(b),
+                "ok"
+                if (b.source, b.destination, b.destination_type, b.routing_key) in present
+                else "missing",
+            )
+            for b in topology.bindings
+        ]
+
+    # -- the four verbs --
+
+    def plan(self, destinations: Iterable[str] = ()) -> list[ObjectState]:
+        """What exists, what is missing and what differs. Changes nothing."""
+        topology = self.topology(destinations)
+        states: list[ObjectState] = []
+        for obj in topology.objects:
+            kind: Literal["exchange", "queue"] = "queue" if isinstance(obj, Queue) else "exchange"
+            if self._exists(kind, obj.name) is None:
+                states.append(ObjectState(kind, obj.name, "missing"))
+                continue
+            try:  # an identical declare of an existing object is a no-op
+                self._declare(obj)
+                states.append(ObjectState(kind, obj.name, "ok"))
+            except TopologyConflictError as exc:
+                detail = f"{exc.argument}: found {exc.found}, wanted {exc.wanted}"
+                states.append(ObjectState(kind, obj.name, "differs", detail))
+        return states + self._binding_states(topology)
+
+    def apply(self, destinations: Iterable[str] = ()) -> Topology:
+        """Declare every object and binding. Idempotent; never deletes."""
+        topology = self.topology(destinations)
+        for obj in topology.objects:
+            self._declare(obj)
+        channel = self._chan()
+        for b in topology.bindings:
+            if b.destination_type == "queue":
+                channel.queue_bind(b.destination, b.source, b.routing_key)
+            else:
+                channel.exchange_bind(b.destination, b.source, b.routing_key)
+        return topology
+
+    def verify(self, destinations: Iterable[str] = ()) -> list[str]:
+        """Problems found with passive checks only; needs no configure permission."""
+        topology = self.topology(destinations)
+        problems = [
+            f"{kind} {obj.name!r} is missing"
+            for kind, objs in (("exchange", topology.exchanges), ("queue", topology.queues))
+            for obj in objs
+            if self._exists(kind, obj.name) is None
+        ]
+        problems += [
+            f"binding {s.name} is missing"
+            for s in self._binding_states(topology)
+            if s.status == "missing"
+        ]
+        return problems
+
+    def discover_destinations(self) -> list[str]:
+        """Destinations whose work queues exist, when the management API can tell."""
+        if not self.management.available:
+            return []
+        names = (q["name"] for q in self.management.queues(self.layout.work_queue("")))
+        return sorted(d for n in names if (d := self.layout.destination_of(n)))
+
+    def destroy(self, destinations: Iterable[str] = (), *, force: bool = False) -> list[str]:
+        """Delete the prefix's objects; refuse while queues hold messages unless ``force``."""
+        extra = [*destinations, *self.discover_destinations()]
+        topology = self.topology(extra)
+        counts = {q.name: self._exists("queue", q.name) for q in topology.queues}
+        busy = {name: n for name, n in counts.items() if n}
+        if busy and not force:
+            listed = ", ".join(f"{name} ({n})" for name, n in sorted(busy.items()))
+            raise TopologyError(
+                f"refusing to destroy: queues still hold messages: {listed}. "
+                "Wait for them to drain, or pass --force to lose them"
+            )
+        deleted: list[str] = []
+        channel = self._chan()
+        for name, count in counts.items():
+            if count is not None:
+                channel.queue_delete(name)
+                deleted.append(name)
+        for exchange in topology.exchanges:
+            if self._exists("exchange", exchange.name) is not None:
+                self._chan().exchange_delete(exchange.name)
+                deleted.append(exchange.name)
+        return deleted

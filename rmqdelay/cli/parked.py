@@ -1,0 +1,173 @@
+"""``rmqdelay parked``: list, replay and purge parked messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..amqp.parked_queue import ParkedQueue, ReplayReport
+from ..core.durations import parse_duration_us
+from ..errors import DelayError
+from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
+
+__all__ = ["app"]
+
+out = Console()
+_PROGRESS_FROM = 20  # show a progress bar for batches at least this large
+PARKED_HELP = "Inspect, replay and purge parked messages."
+PARKED_EPILOG = """\
+Parked messages are those a handler gave up on or parked, whose body did not decode, or
+that the broker parked (a quorum work queue's delivery limit; no work queue bound).
+
+Examples: `rmqdelay parked list -d orders-timeout`; `rmqdelay parked replay --limit 100`;
+`rmqdelay parked purge --yes -d orders-timeout`
+"""
+
+
+app = typer.Typer(help=PARKED_HELP, epilog=PARKED_EPILOG, no_args_is_help=True)
+
+
+def _timestamp(parked_at: Any) -> str:
+    return parked_at.astimezone().strftime("%Y-%m-%d %H:%M:%S") if parked_at else "-"
+
+
+@app.command("list")
+@friendly_errors
+def parked_list(
+    destination: Annotated[
+        str | None,
+        typer.Option("--destination", "-d", help="Only this destination's.", show_default=False),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
+    limit: Annotated[int, typer.Option("--limit", help="Show at most this many.", min=1)] = 100,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """List parked messages without removing them."""
+    settings = settings_from(url, prefix, config)
+
+    async def read() -> tuple[int, list[Any]]:
+        async with ParkedQueue(settings) as parked:
+            return await parked.list(destination, limit)
+
+    total, items = asyncio.run(read())
+    if as_json:
+        print(json.dumps([item.to_json() for item in items], indent=2))
+        return
+    table = Table(title=f"Parked messages in {ParkedQueue(settings).layout.parking}")
+    table.add_column("message id", overflow="fold")
+    table.add_column("destination")
+    table.add_column("reason", overflow="fold", ratio=3)
+    table.add_column("attempts", justify="right")
+    table.add_column("parked at")
+    for item in items:
+        table.add_row(
+            escape(item.message_id or "-"),
+            escape(item.destination or "?"),
+            escape(item.reason),
+            str(item.attempts),
+            _timestamp(item.parked_at),
+        )
+    shown = f"{len(items)} shown" + (f" for {destination!r}" if destination else "")
+    table.caption = f"{shown}; {total} parked in all"
+    out.print(table)
+
+
+@app.command("replay")
+@friendly_errors
+def parked_replay(
+    destination: Annotated[
+        str | None,
+        typer.Option("--destination", "-d", help="Only this destination's.", show_default=False),
+    ] = None,
+    delay: Annotated[
+        str | None,
+        typer.Option(
+            "--delay", help="Deliver after this delay, e.g. 30s (default: now).", show_default=False
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", help="Replay at most this many.", min=1, show_default=False),
+    ] = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Send parked messages back to their destinations, attempt count reset to 1."""
+    settings = settings_from(url, prefix, config)
+    wait = timedelta(0)
+    if delay is not None:
+        micros = parse_duration_us(delay, what="--delay")
+        if micros < 0:
+            raise DelayError(f"--delay must not be negative, got {delay!r}")
+        wait = timedelta(microseconds=micros)
+
+    async def replay() -> ReplayReport:
+        async with ParkedQueue(settings) as parked:
+            total = await parked.count()
+            if total < _PROGRESS_FROM:
+                return await parked.replay(destination, delay=wait, limit=limit)
+            columns = (
+                TextColumn("replaying"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=err, transient=True) as bar:
+                task = bar.add_task("replay", total=total)
+                return await parked.replay(
+                    destination,
+                    delay=wait,
+                    limit=limit,
+                    progress=lambda seen: bar.update(task, completed=seen),
+                )
+
+    report = asyncio.run(replay())
+    out.print(f"replayed {report.replayed} message(s)")
+    if report.skipped:
+        table = Table(title=f"{len(report.skipped)} message(s) stayed parked")
+        table.add_column("message id", overflow="fold")
+        table.add_column("why", overflow="fold")
+        for message_id, why in report.skipped:
+            table.add_row(escape(message_id or "-"), escape(why))
+        err.print(table)
+        raise typer.Exit(1)
+
+
+@app.command("purge")
+@friendly_errors
+def parked_purge(
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Confirm: purged messages are gone for good.")
+    ] = False,
+    destination: Annotated[
+        str | None,
+        typer.Option("--destination", "-d", help="Only this destination's.", show_default=False),
+    ] = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Delete parked messages for good."""
+    if not yes:
+        err.print("[bold red]error:[/] refusing to purge without --yes: purged messages are lost")
+        raise typer.Exit(1)
+    settings = settings_from(url, prefix, config)
+
+    async def purge() -> int:
+        async with ParkedQueue(settings) as parked:
+            return await parked.purge(destination)
+
+    count = asyncio.run(purge())
+    which = f" of {destination!r}" if destination else ""
+    out.print(f"purged {count} parked message(s){which}")

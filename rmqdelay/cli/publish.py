@@ -1,0 +1,178 @@
+"""``rmqdelay publish`` and ``rmqdelay consume``: one message in, messages out."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+import pika
+import pika.exceptions
+import typer
+from rich.console import Console
+
+from ..amqp.connections import connect_blocking
+from ..amqp.publisher import Publisher
+from ..core.messages import DUE_AT
+from ..errors import DelayError
+from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
+
+__all__ = ["commands"]
+
+out = Console()
+commands = typer.Typer()
+
+
+def _parse_headers(pairs: list[str]) -> dict[str, str]:
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--header {pair!r} must look like key=value")
+        headers[key] = value
+    return headers
+
+
+def _parse_at(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise DelayError(f"--at {text!r} is not ISO 8601, e.g. 2026-11-21T15:00:00+00:00") from None
+    if at.tzinfo is None:
+        raise DelayError(f"--at {text!r} has no timezone: add one, e.g. +00:00 or Z")
+    return at
+
+
+@commands.command(
+    "publish",
+    epilog="Examples: `rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m`;"
+    " `echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z`",
+)
+@friendly_errors
+def publish(
+    destination: Annotated[str, typer.Argument(help="The destination (work queue name).")],
+    body: Annotated[str, typer.Argument(help="The body; '-' reads standard input.")] = "",
+    delay: Annotated[str | None, typer.Option(help="e.g. 1.5s, 15m, 2h30m.")] = None,
+    at: Annotated[str | None, typer.Option(help="Due time, ISO 8601 with a timezone.")] = None,
+    header: Annotated[list[str] | None, typer.Option("--header", "-H", help="k=v; repeat.")] = None,
+    message_id: Annotated[str | None, typer.Option(help="Default: a new uuid.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Send the body as JSON.")] = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Publish one delayed message and print its id and due time."""
+    if (delay is None) == (at is None):
+        raise DelayError("give exactly one of --delay or --at")
+    text = sys.stdin.read() if body == "-" else body
+    payload: Any = text
+    if as_json:
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
+    settings = settings_from(url, prefix, config)
+    with Publisher(settings) as publisher:
+        result = publisher.publish(
+            destination,
+            payload,
+            delay=delay,
+            at=_parse_at(at) if at is not None else None,
+            headers=_parse_headers(header or []),
+            message_id=message_id,
+        )
+    out.print(f"{result.message_id} due {result.due_at.isoformat(timespec='milliseconds')}")
+
+
+def _plain(value: Any) -> Any:
+    """Make AMQP header values JSON-friendly."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _body_fields(body: bytes) -> dict[str, Any]:
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"body": None, "body_base64": base64.b64encode(body).decode()}
+
+
+@commands.command(
+    "consume",
+    epilog="Example: `rmqdelay consume orders-timeout --count 5 --timeout 30 --json`."
+    " Exits 1 when --timeout passes before --count messages.",
+)
+@friendly_errors
+def consume(
+    destination: Annotated[str, typer.Argument(help="The destination (work queue name).")],
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after N messages.")] = None,
+    timeout: Annotated[float | None, typer.Option(min=0, help="Give up after S seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Receive, print and ack messages of a destination."""
+    settings = settings_from(url, prefix, config)
+    with Publisher(settings) as publisher:  # reuses its passive destination check
+        publisher.check_destination(destination)
+    queue = settings.layout.work_queue(destination)
+    connection = connect_blocking(settings, "consume")
+    received = 0
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=min(count or 100, 100))
+        for method, props, body in channel.consume(queue, inactivity_timeout=0.1):
+            if method is not None and props is not None and body is not None:
+                _print_message(props, body, as_json)
+                channel.basic_ack(int(method.delivery_tag or 0))
+                received += 1
+            if count is not None and received >= count:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        channel.cancel()
+    finally:
+        if connection.is_open:
+            connection.close()
+    if count is not None and received < count:
+        err.print(f"timeout: received {received} of {count} messages")
+        raise typer.Exit(1)
+
+
+def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:
+    now_ms = time.time_ns() // 1_000_000
+    headers: dict[str, Any] = dict(props.headers or {})
+    due = headers.get(DUE_AT)
+    record = {
+        "message_id": props.message_id,
+        **_body_fields(body),
+        "headers": _plain(headers),
+        "due_at_ms": due,
+        "received_at_ms": now_ms,
+        "lateness_ms": None if due is None else now_ms - int(due),
+    }
+    if as_json:
+        print(json.dumps(record), flush=True)
+        return
+    due_text = (
+        datetime.fromtimestamp(int(due) / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+        if due is not None
+        else "-"
+    )
+    print(
+        f"{record['message_id']}  due {due_text}  late {record['lateness_ms']} ms  "
+        f"{record['body'] if record['body'] is not None else '<binary>'}",
+        flush=True,
+    )

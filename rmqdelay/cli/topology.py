@@ -1,0 +1,132 @@
+"""``rmqdelay topology``: plan, apply, verify and destroy the broker objects."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..amqp.topology_manager import TopologyManager
+from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
+
+__all__ = ["app"]
+
+out = Console()
+app = typer.Typer(
+    help="Declare, compare, verify or remove the delay tiers and work queues.",
+    no_args_is_help=True,
+)
+
+DestinationsOpt = Annotated[
+    list[str] | None,
+    typer.Option("--destination", "-d", help="A destination (work queue); repeat for more."),
+]
+_STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unchecked": "dim"}
+
+
+@app.command(
+    "plan",
+    epilog="Exits 0 only when nothing is missing or different. Example: "
+    "`rmqdelay topology plan -d orders-timeout`",
+)
+@friendly_errors
+def topology_plan(
+    destination: DestinationsOpt = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+    show_ok: Annotated[bool, typer.Option(help="List objects that are fine too.")] = False,
+) -> None:
+    """Show what exists, what `apply` would create, and what differs."""
+    settings = settings_from(url, prefix, config)
+    with TopologyManager(settings) as manager:
+        states = manager.plan(destination or [])
+    table = Table(title=f"topology {settings.prefix} on {settings.masked_url}")
+    for column in ("kind", "name", "status", "detail"):
+        table.add_column(column)
+    counts: dict[str, int] = {}
+    for state in states:
+        counts[state.status] = counts.get(state.status, 0) + 1
+        if show_ok or state.status != "ok":
+            style = _STATUS_STYLE[state.status]
+            table.add_row(state.kind, state.name, f"[{style}]{state.status}[/]", state.detail)
+    if table.row_count:
+        out.print(table)
+    out.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    if counts.get("missing") or counts.get("differs"):
+        raise typer.Exit(1)
+
+
+@app.command(
+    "apply",
+    epilog="Idempotent; never deletes. Example: "
+    "`rmqdelay topology apply -d orders-timeout -d emails`",
+)
+@friendly_errors
+def apply(
+    destination: DestinationsOpt = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Declare every tier, exchange, binding, the parking queue and the work queues."""
+    settings = settings_from(url, prefix, config)
+    with TopologyManager(settings) as manager:
+        topology = manager.apply(destination or [])
+    work = [q.name for q in topology.queues if q.role == "work"]
+    out.print(
+        f"applied {len(topology.exchanges)} exchanges, {len(topology.queues)} queues "
+        f"and {len(topology.bindings)} bindings on {settings.masked_url}"
+        + (f"; work queues: {', '.join(work)}" if work else "")
+    )
+
+
+@app.command(
+    "verify",
+    epilog="Needs no configure permission. Example: `rmqdelay topology verify -d orders-timeout`",
+)
+@friendly_errors
+def topology_verify(
+    destination: DestinationsOpt = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Check passively that every object exists; exit 1 with the list of problems."""
+    settings = settings_from(url, prefix, config)
+    with TopologyManager(settings) as manager:
+        problems = manager.verify(destination or [])
+        if not manager.management.available:
+            err.print("note: no management API answered, so bindings were not checked")
+    for problem in problems:
+        out.print(f"[red]problem:[/] {problem}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+    out.print(f"topology {settings.prefix} is complete")
+
+
+@app.command(
+    "destroy",
+    epilog="Example: `rmqdelay topology destroy --yes` (add --force to drop held messages)",
+)
+@friendly_errors
+def topology_destroy(
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm the removal.")] = False,
+    force: Annotated[
+        bool, typer.Option(help="Remove queues even when they hold messages.")
+    ] = False,
+    destination: DestinationsOpt = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Remove the prefix's tiers, exchanges, parking and work queues."""
+    if not yes:
+        err.print("[bold red]error:[/] destroy removes queues and their messages: pass --yes")
+        raise typer.Exit(2)
+    settings = settings_from(url, prefix, config)
+    with TopologyManager(settings) as manager:
+        deleted = manager.destroy(destination or [], force=force)
+    out.print(f"deleted {len(deleted)} objects of {settings.prefix}")

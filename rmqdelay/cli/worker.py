@@ -1,0 +1,246 @@
+"""``rmqdelay worker``: load a :class:`~rmqdelay.Worker` app and run it."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ..errors import WorkerError
+from ..settings import Settings
+from ..worker.app import Worker
+from ..worker.logs import LEVELS, configure_logging
+from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
+
+__all__ = ["commands", "load_worker"]
+
+out = Console()
+log = logging.getLogger("rmqdelay.cli")
+_PROGRESS_FROM = 20  # show a progress bar for batches at least this large
+
+WORKER_EPILOG = """\
+Examples:
+
+  rmqdelay worker myapp.tasks:app
+
+  rmqdelay worker myapp.tasks:app --concurrency 16 --prefetch 32
+
+  rmqdelay worker myapp.tasks:app --queues orders-timeout,invoices --log-level DEBUG
+
+  RMQDELAY_URL=amqps://user:pass@broker/%2F rmqdelay worker myapp.tasks:app --metrics-port 9100
+
+Async handlers run as asyncio tasks, sync ones in a thread pool; --concurrency bounds both.
+SIGTERM or Ctrl-C stops consuming and waits for in-flight handlers (--shutdown-timeout);
+a second signal stops at once, and the unacked messages go back to their queues.
+"""
+
+
+commands = typer.Typer()
+
+
+class AppLoadError(WorkerError):
+    """``module:attr`` does not name a Worker."""
+
+
+def load_worker(path: str) -> Worker:
+    """Import ``module:attr`` (or a module holding exactly one Worker) from the cwd too."""
+    module_name, _, attr = path.partition(":")
+    if not module_name or (":" in path and not attr):
+        raise AppLoadError(f"cannot read {path!r}: give the worker as module:attr, e.g. tasks:app")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise AppLoadError(
+                f"cannot import module {module_name!r} (from {path!r}): no module named "
+                f"{exc.name!r}; run from the project's directory or set PYTHONPATH"
+            ) from None
+        raise AppLoadError(
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    except Exception as exc:
+        raise AppLoadError(
+            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    workers = sorted(k for k, v in vars(module).items() if isinstance(v, Worker))
+    if not attr:
+        if len(workers) != 1:
+            found = ", ".join(workers) or "none"
+            raise AppLoadError(
+                f"module {module_name!r} holds {len(workers)} Worker objects ({found}): "
+                f"name one, as {module_name}:ATTR"
+            )
+        attr = workers[0]
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            hint = f"; Worker objects in it: {', '.join(workers)}" if workers else ""
+            raise AppLoadError(f"module {module_name!r} has no attribute {attr!r}{hint}")
+        target = getattr(target, part)
+    if not isinstance(target, Worker):
+        raise AppLoadError(
+            f"{module_name}:{attr} is a {type(target).__name__}, not an rmqdelay.Worker"
+        )
+    return target
+
+
+def _worker_settings(worker: Worker, url: str | None, prefix: str | None, config: Any) -> Settings:
+    if worker._settings is None:
+        return settings_from(url, prefix, config)
+    given = [flag for flag, v in (("--url", url), ("--prefix", prefix), ("--config", config)) if v]
+    if given:
+        raise WorkerError(
+            f"the worker app was built with its own Settings, so {', '.join(given)} would be "
+            "ignored: drop them, or build Worker() without settings to read flags and RMQDELAY_*"
+        )
+    return worker.settings
+
+
+def _queues(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")]
+    if not all(names):
+        raise WorkerError(
+            f"bad --queues {value!r}: give destination names separated by commas, "
+            "e.g. --queues orders-timeout,invoices"
+        )
+    return names
+
+
+def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> None:
+    for spec in worker.select(settings, queues):
+        policy = spec.policy
+        log.info(
+            "handler %s for %s: body %s, %s, up to %d attempts, backoff %s",
+            spec.name,
+            spec.destination,
+            spec.body_type,
+            "async" if spec.is_async else "sync (thread pool)",
+            policy.max_attempts,
+            policy.backoff.describe(),
+        )
+
+
+@commands.command("worker", epilog=WORKER_EPILOG)
+def worker_command(
+    app_path: Annotated[
+        str,
+        typer.Argument(metavar="MODULE:ATTR", help="The rmqdelay.Worker to run, e.g. tasks:app."),
+    ],
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-c", help="Handlers running at once.")
+    ] = 8,
+    prefetch: Annotated[
+        int | None,
+        typer.Option(
+            "--prefetch",
+            help="Unacked messages per queue (default: --concurrency).",
+            show_default=False,
+        ),
+    ] = None,
+    queues: Annotated[
+        str | None,
+        typer.Option(
+            "--queues",
+            "-Q",
+            help="Only these destinations, comma-separated (default: every handler's).",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help=f"One of {', '.join(LEVELS)}.")
+    ] = "INFO",
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="text (key=value) or json.")
+    ] = "text",
+    shutdown_timeout: Annotated[
+        float,
+        typer.Option("--shutdown-timeout", help="Seconds in-flight handlers get to finish."),
+    ] = 30.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port", help="Serve Prometheus metrics on this port.", show_default=False
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Consume work queues and run their handlers, at least once."""
+    code = _run_worker(
+        app_path,
+        concurrency=concurrency,
+        prefetch=prefetch,
+        queues=queues,
+        log_level=log_level,
+        log_format=log_format,
+        shutdown_timeout=shutdown_timeout,
+        metrics_port=metrics_port,
+        url=url,
+        prefix=prefix,
+        config=config,
+    )
+    if code is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    # Threads of sync handlers that outlived the shutdown cannot be stopped: leave now.
+    os._exit(code)
+
+
+@friendly_errors
+def _run_worker(
+    app_path: str,
+    *,
+    concurrency: int,
+    prefetch: int | None,
+    queues: str | None,
+    log_level: str,
+    log_format: str,
+    shutdown_timeout: float,
+    metrics_port: int | None,
+    url: str | None,
+    prefix: str | None,
+    config: Any,
+) -> int | None:
+    """Run the worker; return an exit code to leave with at once, or None for a clean 0."""
+    if log_format not in ("text", "json"):
+        raise WorkerError(f"bad --log-format {log_format!r}: use text or json")
+    if log_level.upper() not in LEVELS:
+        raise WorkerError(f"bad --log-level {log_level!r}: use one of {', '.join(LEVELS)}")
+    worker = load_worker(app_path)
+    settings = _worker_settings(worker, url, prefix, config)
+    configure_logging(log_level, "json" if log_format == "json" else "text", settings.url)
+    names = _queues(queues)
+    _describe(worker, settings, names)
+    if metrics_port is not None:
+        from ..worker.metrics import serve_metrics
+
+        serve_metrics(metrics_port)
+        log.info("serving Prometheus metrics on port %d", metrics_port)
+    runner = worker.runner(
+        settings,
+        concurrency=concurrency,
+        prefetch=prefetch,
+        queues=names,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+    code = asyncio.run(runner.run_until_signalled())
+    if code == 0 and not runner.abandoned:
+        return None
+    return code or 1
+
+
+# --------------------------------------------------------------------------- parked

@@ -1,0 +1,91 @@
+"""Plan a delay: round it up to whole units, write it in digits, list the tiers it visits.
+
+Pure: the same layout and delay always give the same plan, and no plan is early,
+because the units are rounded up and the tiers' TTLs add up to exactly those units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import DelayError
+from .durations import format_ms
+from .layout import Layout, Tier
+from .routing import build_key
+
+__all__ = ["DelayPlan", "check_max_delay", "digits_for", "plan_delay"]
+
+
+@dataclass(frozen=True)
+class DelayPlan:
+    """Where to publish a message so that it reaches ``destination`` after ``units``."""
+
+    units: int
+    digits: tuple[int, ...]
+    hops: tuple[Tier, ...]
+    destination: str
+    routing_key: str
+    exchange: str
+    publish_key: str
+
+    @property
+    def ttl_ms(self) -> int:
+        return sum(t.ttl_ms for t in self.hops)
+
+
+def _positional(layout: Layout, rest: int) -> list[int]:
+    digits = []
+    for position in layout.positions[len(layout.positions) - layout.positional_count :]:
+        digit, rest = divmod(rest, position.weight)
+        digits.append(digit)
+    return digits
+
+
+def digits_for(layout: Layout, units: int) -> tuple[int, ...]:
+    """The digits of ``units``, one per position, using named tiers where they save hops."""
+    named = layout.named
+    if not named and 0 <= units <= layout.capacity_units:
+        return tuple(_positional(layout, units))
+    best: tuple[int, ...] | None = None
+    best_cost = (0, 0)
+    for mask in range(1 << len(named)):
+        used = [(mask >> i) & 1 for i in range(len(named))]
+        rest = units - sum(w * p.weight for w, p in zip(used, named, strict=True))
+        if rest < 0 or rest > layout.capacity_units:
+            continue
+        digits = (*used, *_positional(layout, rest))
+        cost = (sum(1 for d in digits if d), sum(used))
+        if best is None or cost < best_cost:
+            best, best_cost = digits, cost
+    if best is None:
+        raise DelayError(
+            f"{units} units of {format_ms(layout.resolution_ms)} do not fit the layout's "
+            f"{layout.capacity_units} units"
+        )
+    return best
+
+
+def check_max_delay(layout: Layout, delay_us: int) -> None:
+    if delay_us > layout.max_delay_ms * 1000:
+        raise DelayError(
+            f"delay of {format_ms(-(-delay_us // 1000))} is over the maximum of "
+            f"{format_ms(layout.max_delay_ms)}; raise max_delay in the settings"
+        )
+
+
+def plan_delay(layout: Layout, delay_us: int, destination: str) -> DelayPlan:
+    """Plan a delay of ``delay_us`` microseconds; zero or less goes straight to delivery.
+
+    ``destination`` must already be validated (see ``routing.validate_destination``).
+    """
+    check_max_delay(layout, delay_us)
+    step_us = layout.resolution_ms * 1000
+    units = max(0, -(-delay_us // step_us))
+    digits = digits_for(layout, units)
+    hops = tuple(p.tiers[d - 1] for p, d in zip(layout.positions, digits, strict=True) if d)
+    key = build_key(layout, digits, destination)
+    if hops:
+        exchange, publish_key = hops[0].queue, key  # the first tier's own fanout
+    else:  # straight to the work queue, so a missing queue comes back as a return
+        exchange, publish_key = "", layout.work_queue(destination)
+    return DelayPlan(units, digits, hops, destination, key, exchange, publish_key)

@@ -1,0 +1,115 @@
+"""The broker objects a layout needs, as plain data: exchanges, queues and bindings.
+
+The hop topology: a publisher enters through the first tier's own fanout exchange
+(named like the queue). Every tier queue dead-letters into the exchange of its own
+position. That exchange is bound straight to each tier of the lower positions, with
+a pattern that asks for the tier's digit and zeros in between, and to the delivery
+exchange when every lower digit is zero. So each hop costs one exchange lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .layout import DIGITS, Layout
+from .routing import validate_destination
+
+__all__ = ["Binding", "Exchange", "Queue", "Topology", "build_topology"]
+
+QueueRole = Literal["tier", "work", "parking"]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    name: str
+    type: Literal["topic", "fanout"]
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Queue:
+    name: str
+    role: QueueRole
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Binding:
+    source: str  # an exchange
+    destination: str  # a queue or an exchange
+    destination_type: Literal["queue", "exchange"]
+    routing_key: str
+
+
+@dataclass(frozen=True)
+class Topology:
+    exchanges: tuple[Exchange, ...]
+    queues: tuple[Queue, ...]
+    bindings: tuple[Binding, ...]
+
+    @property
+    def objects(self) -> tuple[Exchange | Queue, ...]:
+        """Exchanges then queues: the order to declare them in."""
+        return (*self.exchanges, *self.queues)
+
+    def queue(self, name: str) -> Queue:
+        return next(q for q in self.queues if q.name == name)
+
+
+def _queue_arguments(queue_type: str, dead_letter_exchange: str | None) -> dict[str, Any]:
+    args: dict[str, Any] = {"x-queue-type": queue_type}
+    if dead_letter_exchange is not None:
+        args["x-dead-letter-exchange"] = dead_letter_exchange
+        if queue_type == "quorum":
+            # Classic queues dead-letter at most once; quorum ones can retry until routed.
+            args["x-dead-letter-strategy"] = "at-least-once"
+            args["x-overflow"] = "reject-publish"
+    return args
+
+
+def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology:
+    """Describe the shared tiers, hop exchanges and parking, plus each destination."""
+    queue_type = layout.queue_type
+    words = len(layout.positions)
+
+    def pattern(fixed: Mapping[int, str]) -> str:
+        return ".".join([*(fixed.get(i, "*") for i in range(words)), "#"])
+
+    exchanges = [
+        Exchange(layout.parking, "fanout"),
+        Exchange(layout.delivery_exchange, "topic", {"alternate-exchange": layout.parking}),
+        *(Exchange(p.exchange, "topic") for p in layout.positions),
+    ]
+    queues = [Queue(layout.parking, "parking", {"x-queue-type": queue_type})]
+    bindings = [Binding(layout.parking, layout.parking, "queue", "")]
+    for position in layout.positions:
+        for tier in position.tiers:
+            args = _queue_arguments(queue_type, position.exchange)
+            args["x-message-ttl"] = tier.ttl_ms
+            queues.append(Queue(tier.queue, "tier", args))
+            # publishers enter the tiers through the first tier's own fanout
+            exchanges.append(Exchange(tier.queue, "fanout"))
+            bindings.append(Binding(tier.queue, tier.queue, "queue", ""))
+
+    for source in layout.positions:
+        after = source.index
+        for position in layout.positions[after + 1 :]:
+            zeros = {i: "0" for i in range(after + 1, position.index)}
+            for tier in position.tiers:
+                key = pattern({**zeros, position.index: DIGITS[tier.digit]})
+                bindings.append(Binding(source.exchange, tier.queue, "queue", key))
+        key = pattern({i: "0" for i in range(after + 1, words)})
+        bindings.append(Binding(source.exchange, layout.delivery_exchange, "exchange", key))
+
+    for destination in dict.fromkeys(destinations):
+        validate_destination(layout, destination)
+        work = layout.work_queue(destination)
+        args = _queue_arguments(queue_type, layout.parking)
+        if queue_type == "quorum":
+            args["x-delivery-limit"] = layout.delivery_limit
+        queues.append(Queue(work, "work", args))
+        key = ".".join(["*"] * words + [destination])
+        bindings.append(Binding(layout.delivery_exchange, work, "queue", key))
+    return Topology(tuple(exchanges), tuple(queues), tuple(bindings))

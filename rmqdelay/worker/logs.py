@@ -1,0 +1,122 @@
+"""Structured logs for workers: one line per event, with the message's fields.
+
+Each record may carry ``extra`` fields (message id, destination, attempt, lateness);
+the formatter appends them as ``key=value`` or emits a JSON object. Whatever the
+text, the formatter masks the URL's password, so a connection error that quotes the
+URL does not leak it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from datetime import datetime, timezone
+from typing import Any, Literal
+from urllib.parse import unquote, urlsplit
+
+from ..settings import mask_url
+
+__all__ = ["FIELDS", "LEVELS", "StructuredFormatter", "configure_logging"]
+
+FIELDS = (
+    "message_id",
+    "destination",
+    "attempt",
+    "lateness_ms",
+    "outcome",
+    "delay_ms",
+    "duration_ms",
+    "reason",
+    "error",
+    "queue",
+    "url",
+)
+"""The ``extra`` keys the formatter shows, in this order."""
+
+LEVELS = {
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
+LogFormat = Literal["text", "json"]
+_SAFE = re.compile(r"^[\w.:/@+-]+$")
+
+
+class StructuredFormatter(logging.Formatter):
+    """``time level logger message key=value...`` or one JSON object per line."""
+
+    def __init__(self, fmt: LogFormat = "text", url: str | None = None) -> None:
+        super().__init__()
+        self.fmt = fmt
+        self._secrets: list[tuple[str, str]] = []
+        if url:
+            self._secrets.append((url, mask_url(url)))
+            password = urlsplit(url).password
+            if password:
+                for raw in {password, unquote(password)}:
+                    self._secrets.append((f":{raw}@", ":***@"))
+
+    def _redact(self, text: str) -> str:
+        for secret, masked in self._secrets:
+            text = text.replace(secret, masked)
+        return text
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = {k: getattr(record, k) for k in FIELDS if getattr(record, k, None) is not None}
+        message = record.getMessage()
+        error = None
+        if record.exc_info:
+            error = self.formatException(record.exc_info)
+        trace = getattr(record, "traceback", None)
+        if error is None and isinstance(trace, str) and trace:
+            error = trace.rstrip("\n")  # a handler's traceback, formatted where it ran
+        when = datetime.fromtimestamp(record.created, tz=timezone.utc)
+        if self.fmt == "json":
+            doc: dict[str, Any] = {
+                "time": when.isoformat(timespec="milliseconds"),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": message,
+                **fields,
+            }
+            if error:
+                doc["traceback"] = error
+            return self._redact(json.dumps(doc, default=str))
+        parts = [
+            when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z",
+            f"{record.levelname:<7}",
+            record.name,
+            message,
+        ]
+        for key, value in fields.items():
+            text = str(value)
+            parts.append(f"{key}={text}" if _SAFE.match(text) else f"{key}={json.dumps(text)}")
+        line = " ".join(parts)
+        if error:
+            line += "\n" + error
+        return self._redact(line)
+
+
+def configure_logging(
+    level: str | int = "INFO", fmt: LogFormat = "text", url: str | None = None
+) -> None:
+    """Send every log record to stderr through the structured formatter."""
+    if isinstance(level, str):
+        name = level.upper()
+        if name not in LEVELS:
+            raise ValueError(f"unknown log level {level!r}: use {', '.join(LEVELS)}")
+        level = LEVELS[name]
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(StructuredFormatter(fmt, url))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    # aiormq and aio-pika are chatty at INFO; keep them to warnings unless debugging.
+    for name in ("aiormq", "aio_pika"):
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))

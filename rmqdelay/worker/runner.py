@@ -1,0 +1,419 @@
+"""Running a worker: the connection loop, handler slots, and a graceful shutdown.
+
+Each delivery gets a slot, its handler runs (async on the loop, sync in a thread), and
+:class:`~rmqdelay.worker.settle.Settler` settles it. A dropped connection starts a new
+session; what was in flight comes back from the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import signal
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiormq
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from ..amqp.aio_publisher import AsyncPublisher
+from ..amqp.connections import connect_async
+from ..core.context import Context
+from ..core.handlers import HandlerSpec
+from ..core.retry import decide
+from ..errors import WorkerError
+from ..settings import Settings
+from .metrics import HANDLER_SECONDS, LATENESS
+from .settle import SETTLE_ERRORS, Failure, Received, Settler, read_delivery
+
+__all__ = ["RunningWorker"]
+
+log = logging.getLogger("rmqdelay.worker")
+_RECONNECT_MAX_S = 15.0
+
+
+@dataclass
+class _Session:
+    """One connection's worth of state; a reconnect starts a new one."""
+
+    connection: AbstractConnection
+    channel: AbstractChannel
+    publisher: AsyncPublisher
+    settler: Settler
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    consumers: list[tuple[AbstractQueue, str]] = field(default_factory=list)
+
+
+class RunningWorker:
+    """Consume the chosen work queues until stopped; reconnect when the connection drops."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        handlers: list[HandlerSpec],
+        *,
+        concurrency: int = 8,
+        prefetch: int | None = None,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        if not 1 <= concurrency <= 10_000:
+            raise WorkerError(f"--concurrency must be from 1 to 10000, got {concurrency}")
+        prefetch = concurrency if prefetch is None else prefetch
+        if not 1 <= prefetch <= 65_535:
+            raise WorkerError(f"--prefetch must be from 1 to 65535, got {prefetch}")
+        if shutdown_timeout < 0:
+            raise WorkerError(f"shutdown timeout must not be negative, got {shutdown_timeout}")
+        self.settings = settings
+        self.layout = settings.layout
+        self.handlers = {spec.destination: spec for spec in handlers}
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.shutdown_timeout = shutdown_timeout
+        self.ready = asyncio.Event()
+        self.connects = 0
+        self.abandoned = 0
+        self.stop_signal: int | None = None
+        self._stop = asyncio.Event()
+        self._abort = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._busy = 0
+        self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rmqdelay-handler")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._rng = random.Random()
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Stop consuming and let in-flight handlers finish (up to the shutdown timeout)."""
+        self.ready.clear()
+        self._stop.set()
+
+    def abort(self) -> None:
+        """Stop at once: unacked messages go back to their queues."""
+        self.stop()
+        self._abort.set()
+
+    def signal(self, signum: int) -> None:
+        """The first signal stops gracefully, the second at once."""
+        name = signal.Signals(signum).name
+        if self._stop.is_set():
+            log.warning("%s again: stopping now; unacked messages return to their queues", name)
+            self.abort()
+        else:
+            self.stop_signal = signum
+            log.info(
+                "%s: no new messages; waiting up to %gs for %d running handler(s) "
+                "(send it again to stop now)",
+                name,
+                self.shutdown_timeout,
+                self.busy,
+            )
+            self.stop()
+
+    @property
+    def busy(self) -> int:
+        """Handlers running now (messages waiting for a slot are not counted)."""
+        return self._busy
+
+    @property
+    def exit_code(self) -> int:
+        if self._abort.is_set():
+            return 128 + (self.stop_signal or signal.SIGINT)
+        return 0
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run_until_signalled(self) -> int:
+        """:meth:`run`, stopped by SIGTERM or SIGINT (gracefully, then at once)."""
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.signal, sig)
+        try:
+            return await self.run()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    async def run(self) -> int:
+        """Consume until :meth:`stop`; return 0 after a graceful stop."""
+        self._loop = asyncio.get_running_loop()
+        failures = 0
+        session: _Session | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    session = await self._open()
+                except WorkerError:
+                    raise
+                except aiormq.exceptions.ProbableAuthenticationError as exc:
+                    raise WorkerError(
+                        f"the broker refused the login to {self.settings.masked_url}: check "
+                        f"the user and password ({type(exc).__name__})"
+                    ) from None
+                except (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError) as exc:
+                    delay = min(_RECONNECT_MAX_S, 0.5 * 2**failures) * (0.5 + self._rng.random())
+                    failures += 1
+                    log.warning(
+                        "cannot connect to %s (%s); retrying in %.1fs",
+                        self.settings.masked_url,
+                        type(exc).__name__,
+                        delay,
+                        extra={"url": self.settings.masked_url},
+                    )
+                    await self._sleep_unless_stopped(delay)
+                    continue
+                failures = 0
+                self.connects += 1
+                self.ready.set()
+                log.info(
+                    "consuming %s (concurrency %d, prefetch %d per queue)",
+                    ", ".join(self.handlers),
+                    self.concurrency,
+                    self.prefetch,
+                    extra={"url": self.settings.masked_url},
+                )
+                await _first(self._stop.wait(), session.lost.wait())
+                if not self._stop.is_set():
+                    self.ready.clear()
+                    log.warning(
+                        "lost the connection to %s; reconnecting (the broker redelivers "
+                        "what was in flight)",
+                        self.settings.masked_url,
+                    )
+                    await self._close(session)
+                    session = None
+                    await self._sleep_unless_stopped(0.2 + self._rng.random() * 0.3)
+            await self._shutdown(session)
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        return self.exit_code
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _open(self) -> _Session:
+        connection = await connect_async(self.settings, "worker")
+        try:
+            lost = asyncio.Event()
+            connection.close_callbacks.add(lambda *_: lost.set())
+            queues = await self._check_queues(connection)
+            channel = await connection.channel(publisher_confirms=False)
+            channel.close_callbacks.add(lambda *_: lost.set())
+            await channel.set_qos(prefetch_count=self.prefetch)
+            park_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+            park_channel.close_callbacks.add(lambda *_: lost.set())
+            park_exchange = await park_channel.get_exchange(self.layout.parking, ensure=False)
+            publisher = await AsyncPublisher(self.settings, connection=connection).connect()
+            settler = Settler(publisher, park_exchange, self.settings.confirm_timeout)
+            session = _Session(connection, channel, publisher, settler, lost)
+            for destination, name in queues:
+                queue = await channel.get_queue(name, ensure=False)
+                spec = self.handlers[destination]
+                tag = await queue.consume(functools.partial(self._on_message, session, spec))
+                session.consumers.append((queue, tag))
+            return session
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
+
+    async def _check_queues(self, connection: AbstractConnection) -> list[tuple[str, str]]:
+        """Passive checks only, so a user without configure permission can run workers."""
+        found = []
+        for destination in self.handlers:
+            name = self.layout.work_queue(destination)
+            try:
+                async with connection.channel(publisher_confirms=False) as probe:
+                    await probe.declare_queue(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                raise WorkerError(
+                    f"work queue {name!r} for handler {self.handlers[destination].name} does "
+                    f"not exist: run `rmqdelay topology apply --destination {destination}` "
+                    "(or check --prefix)"
+                ) from None
+            except aiormq.exceptions.ChannelAccessRefused as exc:
+                raise WorkerError(
+                    f"access to work queue {name!r} refused: the worker's user needs read "
+                    f"permission on it and write permission on the {self.layout.prefix}.* "
+                    f"exchanges ({exc.args[-1] if exc.args else exc})"
+                ) from None
+            found.append((destination, name))
+        return found
+
+    async def _shutdown(self, session: _Session | None) -> None:
+        """Stop consuming, wait for in-flight handlers, then close."""
+        if session is not None and not session.lost.is_set():
+            for queue, tag in session.consumers:
+                with contextlib.suppress(*SETTLE_ERRORS):
+                    await queue.cancel(tag, timeout=5)
+        pending = set(self._inflight)
+        if pending and not self._abort.is_set():
+            timeout = self.shutdown_timeout
+            done_waiting = asyncio.ensure_future(asyncio.wait(pending, timeout=timeout))
+            await _first(done_waiting, self._abort.wait())
+            done_waiting.cancel()
+        pending = {t for t in self._inflight if not t.done()}
+        if pending:
+            self.abandoned = len(pending)
+            log.warning(
+                "%d handler(s) still running: their messages return to the queue",
+                len(pending),
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=1)
+        if session is not None:
+            await self._close(session)
+        log.info("stopped")
+
+    async def _close(self, session: _Session) -> None:
+        with contextlib.suppress(Exception):
+            await session.publisher.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(session.connection.close(), 5)
+
+    # ------------------------------------------------------------------ messages
+
+    async def _on_message(
+        self, session: _Session, spec: HandlerSpec, message: AbstractIncomingMessage
+    ) -> None:
+        # aiormq cancels its consumer tasks when the channel closes; ours must outlive
+        # that, so a handler that is halfway is not cut off by a dropped connection.
+        task = asyncio.create_task(self._process(session, spec, message))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _acquire_slot(self) -> bool:
+        """Wait for a free handler slot; False when the worker stops first."""
+        if self._stop.is_set():
+            return False
+        if not self._slots.locked():  # a free slot: take it without a task and a wait
+            await self._slots.acquire()
+            return True
+        acquire = asyncio.ensure_future(self._slots.acquire())
+        await _first(acquire, self._stop.wait())
+        if acquire.done() and not acquire.cancelled():
+            if self._stop.is_set():
+                self._slots.release()
+                return False
+            return True
+        acquire.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            if await acquire:
+                self._slots.release()
+        return False
+
+    async def _process(
+        self, session: _Session, spec: HandlerSpec, message: AbstractIncomingMessage
+    ) -> None:
+        if not await self._acquire_slot():
+            # Never started: give it back now, for another worker (nack, not reject).
+            if not session.lost.is_set():
+                with contextlib.suppress(*SETTLE_ERRORS):
+                    await message.nack(requeue=True)
+            return
+        self._busy += 1
+        try:
+            if session.lost.is_set():
+                return  # the broker has already taken it back
+            await self._handle(session, spec, message)
+        except Exception:
+            # A bug of ours, not the handler's: never leave the message unacked for good.
+            log.exception(
+                "internal error; requeueing the message", extra={"queue": spec.destination}
+            )
+            if not message.processed and not session.lost.is_set():
+                with contextlib.suppress(*SETTLE_ERRORS):
+                    await message.reject(requeue=True)
+        finally:
+            self._busy -= 1
+            self._slots.release()
+
+    async def _handle(
+        self, session: _Session, spec: HandlerSpec, message: AbstractIncomingMessage
+    ) -> None:
+        received = read_delivery(message)
+        fields = {"destination": spec.destination, **received.fields}
+        if received.lateness is not None:
+            LATENESS.labels(spec.destination).observe(max(0.0, received.lateness.total_seconds()))
+        log.debug("received", extra=fields)
+        started = time.monotonic()
+        failure: Failure | None = None
+        try:
+            value = spec.decoder(message.body, message.content_type)
+            await self._call(session, spec, message, received, value, fields)
+        except asyncio.CancelledError:
+            raise
+        except Failure as exc:
+            failure = exc
+        except BaseException as exc:  # every handler error has an outcome
+            failure = Failure.of(exc)
+        error = failure.error if failure is not None else None
+        elapsed = time.monotonic() - started
+        HANDLER_SECONDS.labels(spec.destination).observe(elapsed)
+        fields["duration_ms"] = round(elapsed * 1000, 1)
+        decision = decide(error, received.attempt, spec.policy, self._rng.random())
+        await session.settler.settle(spec, message, received, decision, failure, fields)
+
+    async def _call(
+        self,
+        session: _Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        received: Received,
+        value: Any,
+        fields: Mapping[str, Any],
+    ) -> None:
+        args: tuple[Any, ...] = (value,)
+        if spec.wants_context:
+            ctx = Context(
+                message_id=received.message_id,
+                destination=spec.destination,
+                attempt=received.attempt,
+                max_attempts=spec.policy.max_attempts,
+                due_at=received.due_at,
+                lateness=received.lateness,
+                headers=received.headers,
+                redelivered=bool(message.redelivered),
+                body=message.body,
+                content_type=message.content_type,
+                correlation_id=message.correlation_id,
+                logger=logging.LoggerAdapter(logging.getLogger("rmqdelay.handler"), dict(fields)),
+                _publish=session.publisher.publish,
+                _loop=self._loop,
+            )
+            args = (value, ctx)
+        if spec.is_async:
+            await spec.func(*args)
+        else:
+            assert self._loop is not None
+            failure = await self._loop.run_in_executor(self._executor, _call_sync, spec.func, args)
+            if failure is not None:
+                raise failure
+
+
+def _call_sync(func: Callable[..., Any], args: tuple[Any, ...]) -> Failure | None:
+    """Run a sync handler in a worker thread; return its failure instead of raising."""
+    try:
+        func(*args)
+    except BaseException as exc:  # every handler error has an outcome
+        return Failure.of(exc)
+    return None
+
+
+async def _first(*awaitables: Any) -> None:
+    """Wait until one of the awaitables finishes; cancel the rest (not futures passed in)."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    _done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task, original in zip(tasks, awaitables, strict=True):
+        if task in pending and task is not original:
+            task.cancel()

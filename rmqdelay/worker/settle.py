@@ -1,0 +1,230 @@
+"""Settling a delivery, at least once: ack, requeue, retry or park.
+
+A message is acked only after its handler returned, or after its retry or parked copy
+was confirmed by the broker. Anything else leaves it unacked, and the broker gives it
+back when the channel closes. The decision itself is :func:`rmqdelay.core.retry.decide`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
+from pamqp.commands import Basic
+
+from ..amqp.aio_publisher import AsyncPublisher
+from ..core.handlers import HandlerSpec
+from ..core.messages import ATTEMPT, DUE_AT
+from ..core.parking import header_int, kept_properties, parked_headers, short_traceback
+from ..core.retry import Decision, DecodeError, HandlerSignal
+from ..errors import PublisherClosedError, PublishError, RmqDelayError
+from .metrics import HANDLED
+
+__all__ = ["SETTLE_ERRORS", "Failure", "Received", "Settler", "read_delivery"]
+
+log = logging.getLogger("rmqdelay.worker")
+SETTLE_ERRORS = (
+    aiormq.exceptions.AMQPError,
+    aio_pika.exceptions.MessageProcessError,
+    ConnectionError,
+    asyncio.TimeoutError,
+    RuntimeError,
+)
+"""What an ack, reject or nack can raise when the connection went away."""
+_PARK_ERRORS = (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError, PublishError)
+
+
+@dataclass
+class Received:
+    """What the worker reads off a delivery before calling the handler."""
+
+    message_id: str
+    attempt: int
+    due_at: datetime | None
+    lateness: timedelta | None
+    headers: dict[str, Any]
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        lateness = None if self.lateness is None else round(self.lateness.total_seconds() * 1000)
+        return {"message_id": self.message_id, "attempt": self.attempt, "lateness_ms": lateness}
+
+
+def read_delivery(message: AbstractIncomingMessage) -> Received:
+    headers = dict(message.headers or {})
+    due_ms = header_int(headers, DUE_AT, -1)
+    due_at = lateness = None
+    if due_ms >= 0:
+        due_at = datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc)
+        lateness = timedelta(milliseconds=time.time() * 1000 - due_ms)
+    return Received(
+        # A message without an id gets one here, which its retries then keep.
+        message_id=message.message_id or str(uuid.uuid4()),
+        attempt=max(1, header_int(headers, ATTEMPT, 1)),
+        due_at=due_at,
+        lateness=lateness,
+        headers=headers,
+    )
+
+
+class Failure(Exception):
+    """A handler's exception with its traceback text, taken where the frames still are.
+
+    An exception raised in a thread comes out of ``run_in_executor`` without the
+    handler's frames, so sync handlers format theirs in the thread.
+    """
+
+    def __init__(self, error: BaseException, trace: str | None) -> None:
+        super().__init__(error)
+        self.error, self.trace = error, trace
+
+    @classmethod
+    def of(cls, error: BaseException) -> Failure:
+        # A body that did not decode has no handler frames worth showing.
+        return cls(error, None if isinstance(error, DecodeError) else short_traceback(error))
+
+
+class Settler:
+    """Carries out one decision for one delivery, on one connection's channels."""
+
+    def __init__(
+        self, publisher: AsyncPublisher, park_exchange: AbstractExchange, confirm_timeout: float
+    ) -> None:
+        self.publisher = publisher
+        self.park_exchange = park_exchange
+        self.confirm_timeout = confirm_timeout
+
+    async def settle(
+        self,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        received: Received,
+        decision: Decision,
+        failure: Failure | None,
+        fields: dict[str, Any],
+    ) -> None:
+        destination = spec.destination
+        try:
+            if decision.action == "ack":
+                await message.ack()
+                log.info("handled", extra={**fields, "outcome": "acked"})
+                HANDLED.labels(destination, "acked").inc()
+            elif decision.action == "requeue":
+                await message.reject(requeue=True)
+                log.info("requeued", extra={**fields, "outcome": "requeued"})
+                HANDLED.labels(destination, "requeued").inc()
+            elif decision.action == "retry":
+                try:
+                    await self._republish(spec, message, received, decision)
+                except PublisherClosedError as exc:
+                    log.warning("the retry was not confirmed (%s); requeueing", exc, extra=fields)
+                    await message.reject(requeue=True)
+                    return
+                except RmqDelayError as exc:  # unroutable, nacked, or a delay over max_delay
+                    reason = f"{decision.reason}; the retry could not be published: {exc}"
+                    decision = Decision("park", received.attempt, reason=reason)
+                else:
+                    await message.ack()
+                    log.warning(
+                        "retrying",
+                        extra={
+                            **fields,
+                            "outcome": "retried",
+                            "delay_ms": decision.delay_ms,
+                            "reason": decision.reason,
+                        },
+                    )
+                    HANDLED.labels(destination, "retried").inc()
+                    return
+            if decision.action == "park":
+                await self._park(spec, message, received, decision, failure, fields)
+        except SETTLE_ERRORS as exc:
+            log.warning(
+                "could not settle the message (%s): the broker redelivers it",
+                type(exc).__name__,
+                extra=fields,
+            )
+
+    async def _republish(
+        self,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        received: Received,
+        decision: Decision,
+    ) -> None:
+        """Send the message round the delay tiers again, as the next attempt."""
+        # prepare() strips x-death and friends: the dead-letter cycle trap lives there
+        headers = {**received.headers, ATTEMPT: decision.attempt}
+        headers.pop("x-delivery-count", None)  # the broker's, for the old delivery
+        prepared = self.publisher.core.prepare(
+            spec.destination,
+            message.body,
+            delay=timedelta(milliseconds=decision.delay_ms),
+            headers=headers,
+            message_id=received.message_id,
+            **kept_properties(message),
+        )
+        await self.publisher.send(prepared)
+
+    async def _park(
+        self,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        received: Received,
+        decision: Decision,
+        failure: Failure | None,
+        fields: dict[str, Any],
+    ) -> None:
+        """Publish a copy to the parking queue, confirmed, then ack the original."""
+        headers = parked_headers(
+            received.headers,
+            reason=decision.reason,
+            destination=spec.destination,
+            attempts=received.attempt,
+            parked_at_ms=time.time_ns() // 1_000_000,
+            error=failure.error if failure is not None else None,
+            trace=failure.trace if failure is not None else None,
+        )
+        copy = aio_pika.Message(
+            message.body,
+            headers=headers,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            priority=message.priority,
+            correlation_id=message.correlation_id,
+            reply_to=message.reply_to,
+            message_id=received.message_id,
+            timestamp=message.timestamp,
+            type=message.type,
+            app_id=message.app_id,
+        )
+        extra = {**fields, "outcome": "parked", "reason": decision.reason}
+        try:
+            confirm = await self.park_exchange.publish(
+                copy, routing_key="", mandatory=True, timeout=self.confirm_timeout
+            )
+            if isinstance(confirm, Basic.Nack):
+                raise PublishError("the broker nacked the parked copy")
+        except _PARK_ERRORS as exc:
+            log.error(
+                "could not park the message (%s); it goes back to the queue",
+                exc,
+                extra=extra,
+            )
+            await asyncio.sleep(1)  # do not spin on a broken parking queue
+            await message.reject(requeue=True)
+            return
+        await message.ack()
+        if failure is not None and not isinstance(failure.error, HandlerSignal):
+            extra["traceback"] = failure.trace
+        log.error("parked", extra=extra)
+        HANDLED.labels(spec.destination, "parked").inc()

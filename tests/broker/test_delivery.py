@@ -1,0 +1,252 @@
+"""The delay engine on a real broker, for quorum and classic queues."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import aio_pika
+import aiormq
+import pika
+import pytest
+from support import Collector, work_queue
+
+from rmqdelay import (
+    Settings,
+    TopologyConflictError,
+    UnknownDestinationError,
+    UnroutableError,
+    build_topology,
+)
+from rmqdelay.amqp.aio_publisher import AsyncPublisher
+from rmqdelay.amqp.publisher import Publisher
+from rmqdelay.amqp.topology_manager import TopologyManager
+from rmqdelay.core.messages import DESTINATION, DUE_AT
+from rmqdelay.errors import PublisherClosedError, PublishNackedError
+
+LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
+
+
+@pytest.fixture(params=["quorum", "classic"])
+def rmq(request: pytest.FixtureRequest, amqp_url: str, prefix: str) -> Iterator[Settings]:
+    """Settings for this test's prefix, with the topology applied for ``orders``."""
+    settings = Settings(
+        url=amqp_url,
+        prefix=prefix,
+        max_delay="1h",
+        queue_type=request.param,
+        connection_name=prefix,
+    )
+    with TopologyManager(settings) as manager:
+        manager.apply(["orders", "other"])
+    yield settings
+
+
+async def test_seeds_case_arrives_in_due_order_none_early(rmq: Settings) -> None:
+    async with (
+        Collector(rmq.url, work_queue(rmq, "orders")) as collector,
+        AsyncPublisher(rmq) as publisher,
+    ):
+        for seconds in (5, 4, 3, 2, 1):
+            await publisher.publish("orders", f"{seconds}s", delay=seconds)
+        received = await collector.wait_for(5, timeout=15)
+    assert [r.body for r in received] == [b"1s", b"2s", b"3s", b"4s", b"5s"]
+    for r in received:
+        assert 0 <= r.lateness_ms < LATE_BOUND_MS, (r.body, r.lateness_ms)
+
+
+async def test_random_delays_none_early_none_lost(rmq: Settings) -> None:
+    rng = random.Random(7)
+    delays = [rng.choice([0, 0.01, 0.123, 0.5, 0.99, 1.0, 1.7, 2.5, 3.05]) for _ in range(300)]
+    async with (
+        Collector(rmq.url, work_queue(rmq, "orders")) as collector,
+        AsyncPublisher(rmq) as publisher,
+    ):
+        results = await publisher.publish_many(
+            {"destination": "orders", "body": str(i), "delay": d, "message_id": f"m{i}"}
+            for i, d in enumerate(delays)
+        )
+        received = await collector.wait_for(len(delays), timeout=30)
+    # sent by due time, but the results follow the requests
+    assert [r.message_id for r in results] == [f"m{i}" for i in range(len(delays))]
+    assert sorted(r.message_id for r in received) == sorted(r.message_id for r in results)
+    for r in received:
+        assert r.headers[DESTINATION] == "orders"
+        assert r.lateness_ms >= 0, f"message {r.body!r} was early by {-r.lateness_ms} ms"
+        assert r.lateness_ms < LATE_BOUND_MS * 2
+
+
+def test_sync_publisher_delivers_in_due_order(rmq: Settings) -> None:
+    with Publisher(rmq) as publisher:
+        results = publisher.publish_many(
+            [
+                {"destination": "orders", "body": f"{d}", "delay": d, "reply_to": "replies"}
+                for d in (1.2, 0.6, 0)
+            ]
+        )
+    assert [r.due_at_ms for r in results] == sorted(r.due_at_ms for r in results)[::-1]
+    connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+    try:
+        channel = connection.channel()
+        bodies = []
+        for method, props, body in channel.consume(work_queue(rmq, "orders"), inactivity_timeout=5):
+            assert method is not None, f"timed out after {bodies}"
+            channel.basic_ack(method.delivery_tag)
+            assert props.reply_to == "replies" and props.delivery_mode == 2
+            bodies.append(body)
+            if len(bodies) == 3:
+                break
+    finally:
+        connection.close()
+    assert bodies == [b"0", b"0.6", b"1.2"]
+
+
+async def test_unknown_destination_raises_before_sending(rmq: Settings) -> None:
+    with Publisher(rmq) as publisher, pytest.raises(UnknownDestinationError, match="nowhere"):
+        publisher.publish("nowhere", b"x", delay=1)
+    async with AsyncPublisher(rmq) as apublisher:
+        with pytest.raises(UnknownDestinationError, match="topology apply"):
+            await apublisher.publish("nowhere", b"x", delay=1)
+
+
+async def test_return_raises_unroutable(rmq: Settings) -> None:
+    """A cached destination whose queue vanished: the broker returns the message."""
+    async with AsyncPublisher(rmq) as publisher:
+        publisher.core.known_destinations.add("ghost")
+        with pytest.raises(UnroutableError, match="ghost"):
+            await publisher.publish("ghost", b"x", delay=0)
+        assert "ghost" not in publisher.core.known_destinations
+    with Publisher(rmq) as sync_publisher:
+        sync_publisher.core.known_destinations.add("ghost")
+        with pytest.raises(UnroutableError, match="ghost"):
+            sync_publisher.publish("ghost", b"x", delay=0)
+        # the publisher still works after a return
+        assert sync_publisher.publish("orders", b"ok", delay=0).hops == 0
+
+
+async def test_nack_raises(amqp_url: str, prefix: str) -> None:
+    settings = Settings(url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic")
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    connection.channel().queue_declare(
+        work_queue(settings, "full"),
+        arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+    )
+    connection.close()
+    with Publisher(settings) as publisher, pytest.raises(PublishNackedError):
+        publisher.publish("full", b"x", delay=0)
+    async with AsyncPublisher(settings) as apublisher:
+        with pytest.raises(PublishNackedError):
+            await apublisher.publish("full", b"x", delay=0)
+
+
+def test_closed_connection_raises_not_success(rmq: Settings, admin, prefix: str) -> None:  # type: ignore[no-untyped-def]
+    with Publisher(rmq) as publisher:
+        publisher.publish("orders", b"warm", delay=0)
+        assert admin.close_connections(prefix) >= 1
+        with pytest.raises(PublisherClosedError):
+            publisher.publish("orders", b"lost?", delay=0)
+
+
+def test_conflicting_delivery_limit_names_object_argument_and_values(
+    amqp_url: str, prefix: str
+) -> None:
+    rmq = Settings(url=amqp_url, prefix=prefix, max_delay="1m", queue_type="quorum")
+    with TopologyManager(rmq) as manager:
+        manager.apply(["orders"])
+    changed = rmq.model_copy(update={"delivery_limit": 3})
+    with TopologyManager(changed) as manager:
+        with pytest.raises(TopologyConflictError) as info:
+            manager.apply(["orders"])
+        states = {s.name: s for s in manager.plan(["orders"])}
+    assert info.value.name == work_queue(rmq, "orders")
+    assert info.value.argument == "x-delivery-limit"
+    assert "20" in info.value.found and "3" in info.value.wanted
+    assert str(info.value).startswith(f"queue {work_queue(rmq, 'orders')!r} exists with")
+    assert states[work_queue(rmq, "orders")].status == "differs"
+
+
+def test_existing_queue_with_other_arguments_stops_apply(rmq: Settings) -> None:
+    wanted = build_topology(rmq.layout, ["legacy"]).queue(work_queue(rmq, "legacy")).arguments
+    connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+    connection.channel().queue_declare(
+        work_queue(rmq, "legacy"), durable=True, arguments={**wanted, "x-max-length": 10}
+    )
+    connection.close()
+    with TopologyManager(rmq) as manager, pytest.raises(TopologyConflictError) as info:
+        manager.apply(["legacy"])
+    assert info.value.name == work_queue(rmq, "legacy")
+    assert info.value.argument == "x-max-length"
+    assert "10" in info.value.found
+
+
+def test_conflicting_queue_type(rmq: Settings) -> None:
+    other = "classic" if rmq.queue_type == "quorum" else "quorum"
+    changed = rmq.model_copy(update={"queue_type": other})
+    with TopologyManager(changed) as manager, pytest.raises(TopologyConflictError, match="x-q"):
+        manager.apply()
+
+
+def test_verify_finds_a_missing_object(rmq: Settings) -> None:
+    with TopologyManager(rmq) as manager:
+        assert manager.verify(["orders"]) == []
+        tier = manager.layout.tiers[3].queue
+        connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+        connection.channel().queue_delete(tier)
+        connection.close()
+        problems = manager.verify(["orders"])
+        assert problems[0] == f"queue {tier!r} is missing"
+        # deleting a queue drops its bindings, and verify sees those too (management API)
+        assert all(p.startswith("binding ") and f"-> {tier} [" in p for p in problems[1:])
+        assert any(s.name == tier and s.status == "missing" for s in manager.plan(["orders"]))
+
+
+async def test_deleted_destination_parks_and_does_not_stall_the_tier(rmq: Settings) -> None:
+    async with AsyncPublisher(rmq) as publisher:
+        doomed = await publisher.publish("orders", b"doomed", delay=1, headers={"k": "v"})
+        connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+        connection.channel().queue_delete(work_queue(rmq, "orders"))
+        connection.close()
+        async with (
+            Collector(rmq.url, work_queue(rmq, "other")) as other,
+            Collector(rmq.url, f"{rmq.prefix}.parking") as parking,
+        ):
+            # Published after, through the same tiers: must not wait behind the doomed one.
+            survivor = await publisher.publish("other", b"later", delay=1)
+            parked = await parking.wait_for(1, timeout=10)
+            arrived = await other.wait_for(1, timeout=10)
+    assert [p.message_id for p in parked] == [doomed.message_id]
+    assert parked[0].body == b"doomed"
+    assert parked[0].headers["k"] == "v"
+    assert parked[0].headers[DESTINATION] == "orders"
+    assert parked[0].headers[DUE_AT] == doomed.due_at_ms
+    assert [a.message_id for a in arrived] == [survivor.message_id]
+    assert 0 <= arrived[0].lateness_ms < LATE_BOUND_MS
+
+
+async def test_limited_user_publishes_and_consumes_without_configure(
+    rmq: Settings,
+    admin,  # type: ignore[no-untyped-def]
+    prefix: str,
+) -> None:
+    user, password = f"{prefix}-user", "s3cret-pw"
+    admin.add_user(user, password, configure="^$", write=".*", read=".*")
+    host = rmq.url.split("@", 1)[1]
+    limited = rmq.model_copy(update={"url": f"amqp://{user}:{password}@{host}"})
+    with TopologyManager(limited) as manager:
+        assert manager.verify(["orders"]) == []
+    async with (
+        Collector(limited.url, work_queue(rmq, "orders")) as collector,
+        AsyncPublisher(limited) as publisher,
+    ):
+        await publisher.publish("orders", b"a", delay=0.3)
+        with Publisher(limited) as sync_publisher:
+            sync_publisher.publish("orders", b"b", delay=0.1)
+        received = await collector.wait_for(2, timeout=10)
+    assert sorted(r.body for r in received) == [b"a", b"b"]
+    connection = await aio_pika.connect(limited.url)
+    try:  # and it really cannot configure
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await channel.declare_queue(f"{prefix}.not-allowed")
+    finally:
+        await connection.close()

@@ -1,0 +1,254 @@
+"""The ``rmqdelay worker`` process: SIGKILL loses nothing, SIGTERM drains, exit codes, logs.
+
+The worker runs ``tests/worker_apps.py:app`` from the console script, configured by
+``RMQDELAY_*``; its handlers write one line per event to a log file we poll.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+from brokerctl import BrokerAdmin
+from worker_helpers import make_settings, work_queue
+
+from rmqdelay import Settings
+from rmqdelay.amqp.publisher import Publisher
+
+TESTS = Path(__file__).resolve().parent.parent  # worker_apps.py lives there
+RMQDELAY = Path(sys.executable).with_name("rmqdelay")
+
+
+def events(log: Path) -> list[tuple[str, str, int]]:
+    """``(event, message_id, pid)`` of each complete line of the handlers' log."""
+    if not log.exists():
+        return []
+    rows = []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            rows.append((parts[0], parts[1], int(parts[3])))
+    return rows
+
+
+def wait_for(
+    predicate: Callable[[], bool], timeout: float, what: str, worker: WorkerProcess | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        exited = worker is not None and worker.proc.poll() is not None
+        if exited or time.monotonic() > deadline:
+            output = f"; the worker said:\n{worker.output}" if worker else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{output}")
+        time.sleep(0.05)
+
+
+class WorkerProcess:
+    """``rmqdelay worker worker_apps:app`` in a subprocess, its output in files."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], *args: str) -> None:
+        self.stdout = tmp / f"worker-{time.monotonic_ns()}.out"
+        self.stderr = self.stdout.with_suffix(".err")
+        with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
+            self.proc = subprocess.Popen(
+                [str(RMQDELAY), "worker", "worker_apps:app", *args],
+                cwd=TESTS,
+                env=env,
+                stdout=out,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+            )
+
+    @property
+    def output(self) -> str:
+        return self.stdout.read_text() + self.stderr.read_text()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"worker did not exit within {timeout}s:\n{self.output}") from None
+
+    def ensure_dead(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[WorkerProcess]]:
+    started: list[WorkerProcess] = []
+    yield started
+    for proc in started:
+        proc.ensure_dead()
+
+
+def worker_env(
+    settings: Settings, log: Path, sleep: float, url: str | None = None
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
+    env.update(
+        RMQDELAY_URL=url or settings.url,
+        RMQDELAY_PREFIX=settings.prefix,
+        RMQDELAY_MAX_DELAY="1h",
+        RMQDELAY_QUEUE_TYPE=settings.queue_type,
+        RMQDELAY_CONNECTION_NAME=settings.connection_name,
+        WORKER_TEST_LOG=str(log),
+        WORKER_TEST_SLEEP=str(sleep),
+        PYTHONPATH=str(TESTS),
+        COLUMNS="200",
+    )
+    return env
+
+
+def depth(settings: Settings, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    try:
+        ok = connection.channel().queue_declare(queue, passive=True)
+        return int(ok.method.message_count or 0)
+    finally:
+        connection.close()
+
+
+def publish(settings: Settings, destination: str, bodies: list[object]) -> list[str]:
+    with Publisher(settings) as publisher:
+        results = publisher.publish_many(
+            {"destination": destination, "body": body, "delay": 0} for body in bodies
+        )
+    return [r.message_id for r in results]
+
+
+def test_sigkill_mid_batch_loses_nothing(
+    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess]
+) -> None:
+    settings = make_settings(amqp_url, prefix, ["batch"])
+    total = 200
+    ids = publish(settings, "batch", [{"n": i} for i in range(total)])
+    log = tmp_path / "handled.log"
+    env = worker_env(settings, log, sleep=0.02)
+
+    first = WorkerProcess(tmp_path, env, "-Q", "batch", "--concurrency", "4", "--prefetch", "8")
+    procs.append(first)
+    wait_for(lambda: sum(e == "done" for e, _, _ in events(log)) >= 40, 30, "40 handled", first)
+    first.proc.send_signal(signal.SIGKILL)
+    assert first.wait(10) == -signal.SIGKILL
+    done_by_first = {m for e, m, _ in events(log) if e == "done"}
+    assert len(done_by_first) < total, "the batch finished before the kill: make it longer"
+
+    second = WorkerProcess(tmp_path, env, "-Q", "batch", "--concurrency", "4", "--prefetch", "8")
+    procs.append(second)
+    wait_for(
+        lambda: {m for e, m, _ in events(log) if e == "done"} >= set(ids),
+        60,
+        "every message handled after the restart",
+        second,
+    )
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.wait(20) == 0, second.output
+
+    done = Counter(m for e, m, _ in events(log) if e == "done")
+    started = Counter(m for e, m, _ in events(log) if e == "start")
+    assert set(done) == set(ids)  # nothing lost
+    duplicates = sum(done.values()) - total
+    restarted = sum(started.values()) - total  # started again after the kill
+    print(
+        f"\nSIGKILL: first worker finished {len(done_by_first)} of {total}; "
+        f"duplicates (handled twice) {duplicates}, handlers started twice {restarted}"
+    )
+    # Only what the killed worker had in hand can come twice: at most its prefetch.
+    assert 0 <= duplicates <= 8
+    assert depth(settings, work_queue(settings, "batch")) == 0
+
+
+def test_sigterm_finishes_in_flight_handlers_and_exits_0(
+    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess], admin: BrokerAdmin
+) -> None:
+    """Also: a user with no configure permission can run the worker once the topology
+    exists, and its password never shows in the logs."""
+    settings = make_settings(amqp_url, prefix, ["batch"])
+    user, password = f"{prefix}-worker", "Zq8-secret-pw-Zq8"
+    admin.add_user(user, password, configure="^$", write=".*", read=".*")
+    parts = urllib.parse.urlsplit(amqp_url)
+    host = parts.netloc.rpartition("@")[2]
+    limited_url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+    ids = publish(settings, "batch", [{"n": i} for i in range(6)])
+    log = tmp_path / "handled.log"
+    env = worker_env(settings, log, sleep=1.5, url=limited_url)
+    worker = WorkerProcess(tmp_path, env, "-Q", "batch", "--concurrency", "3", "--prefetch", "6")
+    procs.append(worker)
+    wait_for(lambda: sum(e == "start" for e, _, _ in events(log)) >= 3, 30, "3 handlers", worker)
+    worker.proc.send_signal(signal.SIGTERM)
+    code = worker.wait(20)
+    output = worker.output
+    assert code == 0, output
+
+    rows = events(log)
+    started = [m for e, m, _ in rows if e == "start"]
+    done = [m for e, m, _ in rows if e == "done"]
+    assert len(started) == 3 and sorted(done) == sorted(started), rows
+    # The three in flight were acked; the three prefetched but not started went back.
+    assert depth(settings, work_queue(settings, "batch")) == 3
+    assert set(ids) - set(done)  # still there for the next worker
+
+    assert password not in output
+    assert "outcome=acked" in output and f"message_id={done[0]}" in output
+    assert "destination=batch" in output and "attempt=1" in output and "lateness_ms=" in output
+
+
+def test_second_signal_stops_at_once_and_returns_the_messages(
+    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess]
+) -> None:
+    settings = make_settings(amqp_url, prefix, ["slow"])
+    publish(settings, "slow", ["a", "b"])
+    log = tmp_path / "handled.log"
+    env = worker_env(settings, log, sleep=60)
+    worker = WorkerProcess(tmp_path, env, "-Q", "slow", "--concurrency", "2")
+    procs.append(worker)
+    wait_for(lambda: sum(e == "start" for e, _, _ in events(log)) >= 2, 30, "2 handlers", worker)
+    worker.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # the first signal is being handled: it waits for the handlers
+    assert worker.proc.poll() is None
+    stopped_at = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)
+    code = worker.wait(10)
+    assert time.monotonic() - stopped_at < 5
+    assert code == 128 + signal.SIGTERM, worker.output
+    assert not [e for e, _, _ in events(log) if e == "done"]
+    wait_for(lambda: depth(settings, work_queue(settings, "slow")) == 2, 10, "both messages back")
+
+
+def test_cli_errors_name_the_thing_to_fix(
+    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess]
+) -> None:
+    settings = make_settings(amqp_url, prefix, ["batch"])  # no "slow" queue
+    env = worker_env(settings, tmp_path / "log", sleep=0)
+
+    def run(*args: str) -> tuple[int, str]:
+        proc = subprocess.run(
+            [str(RMQDELAY), "worker", *args],
+            cwd=TESTS,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
+
+    code, text = run("no_such_module:app")
+    assert code == 1 and "cannot import module 'no_such_module'" in text
+    code, text = run("worker_apps:app")  # the "slow" work queue does not exist
+    assert code == 1
+    assert f"work queue '{prefix}.work.slow'" in text
+    assert "rmqdelay topology apply --destination slow" in text
