@@ -10,7 +10,9 @@
 #
 # The broker comes from scripts/broker.py: $RMQDELAY_URL, else 127.0.0.1:5672, else a
 # testcontainers container (started by pytest's fixture), else Debian's rabbitmq-server.
-# Its URL is exported as RMQDELAY_URL to pytest, the demo and the bench.
+# Its URL is exported as RMQDELAY_URL to pytest, the demo and the bench.  For the tests and
+# the bench it enables rabbitmq_management on a local broker, saying so first when it did
+# not start that broker; the demo does not need it (--no-management).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -76,8 +78,9 @@ test-oldest: broker
 	$(WITH_BROKER) .venv310/bin/pytest -q -p no:cacheprovider tests/unit \
 		tests/broker/test_delivery.py tests/broker/test_worker.py
 
-demo: venv broker
-	$(PY) scripts/broker.py --quiet --run -- $(PY) examples/seeds_demo.py $(DEMO_ARGS)
+# The demo needs no management API: never enable its plugin for it.
+demo: venv
+	$(PY) scripts/broker.py --quiet --no-management --run -- $(PY) examples/seeds_demo.py $(DEMO_ARGS)
 
 bench: $(STAMP_BENCH) broker
 	$(PY) scripts/broker.py --quiet --run -- $(PY) -m bench $(BENCH_ARGS)

@@ -12,6 +12,7 @@ import pika
 import pytest
 from broker import BrokerInfo, mask_url
 from brokerctl import BrokerAdmin, delete_prefixed, make_prefix
+from brokers import base, container, debian, find
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 
@@ -216,11 +217,11 @@ def no_broker_here(monkeypatch: pytest.MonkeyPatch) -> Any:
     import broker as broker_module
 
     monkeypatch.delenv("RMQDELAY_URL", raising=False)
-    monkeypatch.setattr(broker_module, "LOCAL_PORT", 1)  # nothing listens on port 1
-    monkeypatch.setattr(broker_module, "docker_available", lambda: (False, "no engine"))
-    monkeypatch.setattr(broker_module, "DEBIAN_SERVER", "/nonexistent/rabbitmq-server")
-    monkeypatch.setattr(broker_module, "_is_root", lambda: False)
-    monkeypatch.setattr(broker_module, "MANAGEMENT_TIMEOUT", 2.0)
+    monkeypatch.setattr(find, "LOCAL_PORT", 1)  # nothing listens on port 1
+    monkeypatch.setattr(container, "docker_available", lambda: (False, "no engine"))
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", "/nonexistent/rabbitmq-server")
+    monkeypatch.setattr(debian, "is_root", lambda: False)
+    monkeypatch.setattr(find, "MANAGEMENT_TIMEOUT", 2.0)
     return broker_module
 
 
@@ -243,8 +244,8 @@ def test_testcontainers_source_lives_with_the_block(
 ) -> None:
     if broker.source == "testcontainers" or not broker.url.startswith("amqp://guest:guest@"):
         pytest.skip("the fake container points at a local guest/guest broker on 5672")
-    monkeypatch.setattr(no_broker_here, "docker_available", lambda: (True, "fake engine"))
-    monkeypatch.setattr(no_broker_here, "_container_class", lambda: _FakeContainer)
+    monkeypatch.setattr(container, "docker_available", lambda: (True, "fake engine"))
+    monkeypatch.setattr(container, "container_class", lambda: _FakeContainer)
     _FakeContainer.stopped.clear()
     with no_broker_here.ensure_broker() as info:
         assert info.source == "testcontainers"
@@ -258,9 +259,9 @@ def test_testcontainers_source_lives_with_the_block(
 def test_failed_container_falls_through(
     no_broker_here: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(no_broker_here, "docker_available", lambda: (True, "fake engine"))
+    monkeypatch.setattr(container, "docker_available", lambda: (True, "fake engine"))
     monkeypatch.setattr(
-        no_broker_here, "_container_class", lambda: lambda image: _FakeContainer(image, fail=True)
+        container, "container_class", lambda: lambda image: _FakeContainer(image, fail=True)
     )
     with (
         pytest.raises(no_broker_here.BrokerUnavailable, match="pull access denied"),
@@ -276,8 +277,8 @@ def test_debian_start_that_never_answers(
     server = tmp_path / "rabbitmq-server"
     server.write_text(f'#!/bin/sh\n[ "$1" = -detached ] && echo "$1" > {marker}\n')
     server.chmod(0o755)
-    monkeypatch.setattr(no_broker_here, "DEBIAN_SERVER", str(server))
-    monkeypatch.setattr(no_broker_here, "START_TIMEOUT", 1.0)
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", str(server))
+    monkeypatch.setattr(debian, "START_TIMEOUT", 1.0)
     assert no_broker_here.plan().source == "debian"
     with (
         pytest.raises(no_broker_here.BrokerUnavailable, match="did not answer within 1s"),
@@ -285,3 +286,27 @@ def test_debian_start_that_never_answers(
     ):
         pass
     assert marker.read_text().strip() == "-detached"
+
+
+def test_enabling_management_on_a_broker_not_ours_says_so_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No broker's plugins change here: rabbitmq-plugins is replaced; the notice is real."""
+    enabled: list[tuple[str, ...]] = []
+
+    def enable_plugins(node: Any, *plugins: str) -> tuple[bool, str]:
+        enabled.append(plugins)
+        return True, "enabled"
+
+    monkeypatch.setattr(base, "_quiet", True)  # the notice prints even with --quiet
+    monkeypatch.setattr(find, "management_ok", lambda *args, **kwargs: bool(enabled))
+    monkeypatch.setattr(debian, "is_root", lambda: True)
+    monkeypatch.setattr(debian, "plugin_listed", lambda node, plugin: False)
+    monkeypatch.setattr(debian, "enable_plugins", enable_plugins)
+    monkeypatch.setattr(debian, "has_tool", lambda node, tool: True)
+    info = find._with_management(BrokerInfo(find.local_url(), None, "local"))
+    err = capsys.readouterr().err
+    assert "NOTE: enabling the rabbitmq_management plugin on the broker at 127.0.0.1:5672" in err
+    assert "not started by scripts/broker.py" in err and "--no-management" in err
+    assert enabled == [("rabbitmq_management",)]
+    assert info.management_url == "http://127.0.0.1:15672"

@@ -1,0 +1,245 @@
+"""Which broker answers AMQP, and the order the sources are tried in.
+
+1. ``env``            -- ``$RMQDELAY_URL`` (must answer AMQP, else a hard error);
+2. ``local``          -- something already listening on 127.0.0.1:5672 (guest/guest);
+3. ``testcontainers`` -- a container, when a Docker engine answers (see container.py);
+4. ``debian``         -- Debian's ``rabbitmq-server``, installed with apt-get when missing
+                         and we are root, then started (see debian.py).
+
+The tests' harness also wants the management API: on a broker of this machine it may
+enable the plugin, and says so first when that broker is not one this module started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import container, debian
+from .base import (
+    LOOPBACK_HOSTS,
+    BrokerInfo,
+    BrokerUnavailable,
+    host_port,
+    is_loopback,
+    log,
+    mask_url,
+    notice,
+)
+from .probe import amqp_ok, management_ok, tcp_open, wait_for
+
+__all__ = ["ENV_VAR", "SOURCES", "Plan", "ensure_broker", "local_url", "plan"]
+
+ENV_VAR = "RMQDELAY_URL"
+LOCAL_HOST = "127.0.0.1"
+LOCAL_PORT = 5672
+MANAGEMENT_PORT = 15672
+MANAGEMENT_PLUGIN = "rabbitmq_management"
+MANAGEMENT_TIMEOUT = 60.0  # seconds to wait for the management API after enabling it
+SOURCES = ("env", "local", "testcontainers", "debian")
+
+
+def local_url() -> str:
+    return f"amqp://guest:guest@{LOCAL_HOST}:{LOCAL_PORT}/%2F"
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: str | None  # None: nothing can work
+    detail: str
+
+
+def plan() -> Plan:
+    """Which source would ensure_broker() use?  Starts and installs nothing."""
+    url = os.environ.get(ENV_VAR, "").strip()
+    if url:
+        ok, detail = amqp_ok(url)
+        if ok:
+            return Plan("env", f"${ENV_VAR} = {mask_url(url)}: {detail}")
+        return Plan(None, f"${ENV_VAR} = {mask_url(url)} does not answer AMQP: {detail}")
+    if tcp_open(LOCAL_HOST, LOCAL_PORT):
+        return Plan(
+            "local", f"something listens on {LOCAL_HOST}:{LOCAL_PORT} -> {mask_url(local_url())}"
+        )
+    docker_ok, docker_detail = container.docker_available()
+    if docker_ok and container.testcontainers_importable():
+        return Plan("testcontainers", f"{docker_detail}; would run {container.CONTAINER_IMAGE}")
+    if Path(debian.DEBIAN_SERVER).exists():
+        return Plan("debian", f"would start {debian.DEBIAN_SERVER} -detached")
+    if debian.can_install():
+        return Plan("debian", "would apt-get install rabbitmq-server, then start it")
+    return Plan(None, help_text([f"docker: {docker_detail}"]))
+
+
+def help_text(errors: Sequence[str]) -> str:
+    lines = ["No RabbitMQ broker could be found or started."]
+    lines += [f"  - {e}" for e in errors]
+    lines += [
+        "Do one of these:",
+        f"  * set {ENV_VAR}=amqp://USER:PASSWORD@HOST:5672/%2F to a broker you can reach;",
+        "  * install and start Debian's broker: apt-get install -y rabbitmq-server && "
+        "rabbitmq-server -detached (or run this script as root);",
+        f"  * start a Docker engine (tests then run {container.CONTAINER_IMAGE} via "
+        "testcontainers).",
+    ]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _from_env() -> BrokerInfo | None:
+    url = os.environ.get(ENV_VAR, "").strip()
+    if not url:
+        return None
+    ok, detail = amqp_ok(url)
+    if not ok:
+        raise BrokerUnavailable(
+            f"${ENV_VAR} is set to {mask_url(url)} but it does not answer AMQP: {detail}\n"
+            f"Fix the URL or start that broker, or unset {ENV_VAR} to let "
+            "scripts/broker.py find or start one."
+        )
+    log(f"using ${ENV_VAR}: {mask_url(url)} ({detail})")
+    return BrokerInfo(url=url, management_url=None, source="env")
+
+
+def _from_local() -> BrokerInfo | None:
+    if not tcp_open(LOCAL_HOST, LOCAL_PORT):
+        return None
+    # Something listens; a node that is still booting may refuse AMQP for a little while.
+    url, last = local_url(), ""
+    deadline = time.monotonic() + 30.0
+    while True:
+        ok, last = amqp_ok(url)
+        if ok:
+            log(f"using the broker on {LOCAL_HOST}:{LOCAL_PORT}: {mask_url(url)} ({last})")
+            return BrokerInfo(url=url, management_url=None, source="local")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    raise BrokerUnavailable(
+        f"something listens on {LOCAL_HOST}:{LOCAL_PORT} but {mask_url(url)} "
+        f"does not answer AMQP: {last}\n"
+        f"Set {ENV_VAR} to the right URL (user, password, vhost) for that broker."
+    )
+
+
+def _from_debian(errors: list[str]) -> BrokerInfo | None:
+    node = debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST)
+    if not Path(debian.DEBIAN_SERVER).exists():
+        if not debian.can_install():
+            errors.append(
+                f"{debian.DEBIAN_SERVER} is not installed (and we cannot apt-get it: not root)"
+            )
+            return None
+        try:
+            debian.install_server()
+        except (BrokerUnavailable, OSError) as exc:
+            errors.append(str(exc))
+            return None
+    try:
+        if tcp_open(node.host, node.port):  # the package's postinst may have started it
+            took = debian.wait_until_up(node)
+        else:
+            took = debian.start_node(node)
+    except BrokerUnavailable as exc:
+        errors.append(str(exc))
+        return None
+    log(f"broker up after {took:.1f}s: {mask_url(node.url)}")
+    return BrokerInfo(url=node.url, management_url=None, source="debian")
+
+
+# --------------------------------------------------------------------------- management
+
+
+def _ensure_local_management(info: BrokerInfo) -> str | None:
+    """The management URL of a broker on this machine, enabling the plugin if needed.
+
+    Only for the node on the loopback interface at the default port.  Enabling it on a
+    broker this module did not start is announced first.  Returns None when the API
+    cannot be had; callers then fall back to rabbitmqctl.
+    """
+    host, port = host_port(info.url)
+    mgmt = f"http://{host}:{MANAGEMENT_PORT}"
+    if management_ok(mgmt, info.url):
+        return mgmt
+    node = debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST)
+    local_node = host in LOOPBACK_HOSTS and port == LOCAL_PORT
+    if not (local_node and debian.is_root() and debian.has_tool(node, "rabbitmq-plugins")):
+        return None
+    started = time.monotonic()
+    if not debian.plugin_listed(node, MANAGEMENT_PLUGIN):
+        if info.source == "debian":
+            log(f"enabling {MANAGEMENT_PLUGIN} on the node we started (takes a few seconds)")
+        else:
+            notice(
+                f"enabling the {MANAGEMENT_PLUGIN} plugin on the broker at {host}:{port} "
+                f"(source {info.source}: already running, not started by scripts/broker.py), "
+                "because the tests list connections, users and bindings through its HTTP API "
+                f"on :{MANAGEMENT_PORT}. Undo: rabbitmq-plugins disable {MANAGEMENT_PLUGIN}. "
+                "Avoid: scripts/broker.py --no-management"
+            )
+        ok, detail = debian.enable_plugins(node, MANAGEMENT_PLUGIN)
+        if not ok:
+            log(f"{detail}; falling back to rabbitmqctl")
+            return None
+    if wait_for(lambda: management_ok(mgmt, info.url), MANAGEMENT_TIMEOUT):
+        log(f"management API answers at {mgmt} ({time.monotonic() - started:.1f}s)")
+        return mgmt
+    log(f"management API at {mgmt} did not answer; falling back to rabbitmqctl")
+    return None
+
+
+def _with_management(info: BrokerInfo) -> BrokerInfo:
+    if info.management_url is not None:
+        return info
+    mgmt: str | None
+    if info.source in ("local", "debian") or is_loopback(info.url):
+        mgmt = _ensure_local_management(info)
+    else:
+        host, _ = host_port(info.url)
+        candidate = f"http://{host}:{MANAGEMENT_PORT}"
+        mgmt = candidate if management_ok(candidate, info.url, timeout=2.0) else None
+    return BrokerInfo(url=info.url, management_url=mgmt, source=info.source)
+
+
+# --------------------------------------------------------------------------- API
+
+
+@contextlib.contextmanager
+def ensure_broker(
+    *, allow_testcontainers: bool = True, allow_start: bool = True, management: bool = True
+) -> Iterator[BrokerInfo]:
+    """Find or start a broker (see the module docstring for the order).
+
+    Raises BrokerUnavailable with instructions when none can be had.  With a
+    testcontainers broker the container is stopped when the ``with`` block ends.
+    ``allow_testcontainers=False`` skips Docker; ``allow_start=False`` skips starting
+    or installing Debian's server; ``management=False`` neither looks for nor enables
+    the management API.
+    """
+    errors: list[str] = []
+    info = _from_env() or _from_local()
+    if info is None and allow_testcontainers:
+        docker_ok, docker_detail = container.docker_available()
+        if docker_ok:
+            with container.run_container(errors, MANAGEMENT_TIMEOUT) as container_info:
+                if container_info is not None:
+                    yield container_info
+                    return
+        else:
+            errors.append(f"docker: {docker_detail}")
+    if info is None and allow_start:
+        info = _from_debian(errors)
+    if info is None:
+        raise BrokerUnavailable(help_text(errors))
+    if management:
+        info = _with_management(info)
+    yield info

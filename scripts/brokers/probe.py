@@ -1,0 +1,107 @@
+"""Does something answer?  TCP, AMQP and management API probes that start nothing.
+
+Only the standard library is required; pika is used when importable (a real
+connection, with the broker's version), else a bare AMQP protocol handshake.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import socket
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from .base import credentials, host_port, scrub
+
+__all__ = ["amqp_ok", "management_ok", "tcp_open", "wait_for"]
+
+
+def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _handshake(host: str, port: int, timeout: float) -> tuple[bool, str]:
+    """Stdlib-only probe: send the AMQP 0-9-1 header, expect connection.start back."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            data = b""
+            while len(data) < 11:
+                chunk = sock.recv(64)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    # frame type 1 (method), channel 0, ..., class 10 (connection), method 10 (start)
+    if len(data) >= 11 and data[0] == 1 and data[7:11] == b"\x00\x0a\x00\x0a":
+        return True, "ok (protocol handshake only: pika is not installed)"
+    return False, f"not an AMQP 0-9-1 server (answered {data[:8]!r})"
+
+
+def amqp_ok(url: str, timeout: float = 5.0) -> tuple[bool, str]:
+    """Open (and close) an AMQP connection to *url*.  Returns (ok, scrubbed detail)."""
+    try:
+        import pika  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        try:
+            host, port = host_port(url)
+        except ValueError as exc:
+            return False, f"bad URL: {exc}"
+        return _handshake(host, port, timeout)
+    try:
+        params = pika.URLParameters(url)
+        params.socket_timeout = timeout
+        params.stack_timeout = timeout * 2
+        params.blocked_connection_timeout = timeout
+        params.connection_attempts = 1
+        params.retry_delay = 0
+        params.client_properties = {"connection_name": "rmqdelay-broker-probe"}
+        conn = pika.BlockingConnection(params)
+    except Exception as exc:
+        detail = repr(exc) if exc.args else type(exc).__name__  # pika's str() is often empty
+        return False, scrub(detail, url)
+    try:
+        version = getattr(conn, "_impl").server_properties.get("version", b"?")  # noqa: B009
+        if isinstance(version, bytes):
+            version = version.decode(errors="replace")
+    except Exception:
+        version = "?"
+    with contextlib.suppress(Exception):
+        conn.close()
+    return True, f"ok (RabbitMQ {version})"
+
+
+def management_ok(management_url: str, amqp_url: str, timeout: float = 3.0) -> bool:
+    """True when GET <management_url>/api/overview answers with the AMQP URL's credentials."""
+    user, pw = credentials(amqp_url)
+    token = base64.b64encode(f"{user}:{pw}".encode()).decode()
+    request = urllib.request.Request(
+        f"{management_url.rstrip('/')}/api/overview", headers={"Authorization": f"Basic {token}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            data: Any = json.load(response)
+    except (OSError, ValueError):  # URLError/HTTPError are OSErrors; bad JSON is ValueError
+        return False
+    return isinstance(data, dict) and "rabbitmq_version" in data
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
+    """Poll *predicate* until it holds (True) or *timeout* seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
