@@ -66,6 +66,9 @@ class Settings(BaseSettings):
 
     url: str = Field("amqp://guest:guest@localhost:5672/%2F", repr=False)
     """AMQP URL; ``amqps://`` for TLS. Shown only masked."""
+    management_url: str | None = Field(None, repr=False)
+    """Management API; default ``http(s)://<AMQP host>:15672``. Its credentials, if any,
+    win over the AMQP URL's. Shown only masked."""
     prefix: str = "rmqdelay"
     resolution: Milliseconds = Field(_TEN_MS, description="delays round up to this")
     radix: int = 16
@@ -83,6 +86,16 @@ class Settings(BaseSettings):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     """A client certificate and key, when the broker asks for one."""
+
+    @field_validator("management_url")
+    @classmethod
+    def _management_http(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"management_url must be http(s)://host:port, got {mask_url(url)!r}")
+        return url
 
     @field_validator("radix")
     @classmethod

@@ -20,7 +20,7 @@ from ..core.topology import Binding, Exchange, Queue, Topology, build_topology
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
 from .connections import connect_blocking
-from .management import ManagementApi
+from .management import MANAGEMENT_URL_HINT, ManagementApi
 
 __all__ = ["ObjectState", "TopologyManager"]
 
@@ -54,7 +54,9 @@ class TopologyManager:
         self._connection = connection
         self._owns_connection = connection is None
         self._channel: BlockingChannel | None = None
-        self.management = ManagementApi(settings.url)
+        self.management = ManagementApi.for_settings(settings)
+        self._management_checked = False
+        self._management_problem: str | None = None
 
     def __enter__(self) -> TopologyManager:
         return self
@@ -126,8 +128,39 @@ class TopologyManager:
                 ) from None
             raise
 
+    @property
+    def management_problem(self) -> str | None:
+        """Why bindings and work queues cannot be listed (one line), or None.
+
+        The API must answer, and be this broker's: a management URL that reaches another
+        broker would report this one's objects as missing.
+        """
+        if not self._management_checked:
+            self._management_checked = True
+            self._management_problem = self.management.problem or self._other_broker()
+        return self._management_problem
+
+    def _other_broker(self) -> str | None:
+        """Compare the cluster names the API and the AMQP connection report."""
+        self._chan()
+        impl = getattr(self._connection, "_impl", None)
+        amqp_name = getattr(impl, "server_properties", {}).get("cluster_name")
+        if isinstance(amqp_name, bytes):
+            amqp_name = amqp_name.decode(errors="replace")
+        try:
+            api_name = self.management.overview().get("cluster_name")
+        except (OSError, ValueError) as exc:
+            return f"the management API at {self.management.base} stopped answering ({exc})"
+        if not amqp_name or not api_name or amqp_name == api_name:
+            return None
+        return (
+            f"the management API at {self.management.base} is another broker's (cluster "
+            f"{api_name!r}; the AMQP URL reaches {amqp_name!r}); set {MANAGEMENT_URL_HINT} "
+            "to this broker's"
+        )
+
     def _binding_states(self, topology: Topology) -> list[ObjectState]:
-        if not self.management.available:
+        if self.management_problem:
             return [
                 ObjectState("binding", _binding_name(b), "unchecked", "no management API")
                 for b in topology.bindings
@@ -194,7 +227,7 @@ class TopologyManager:
 
     def discover_destinations(self) -> list[str]:
         """Destinations whose work queues exist, when the management API can tell."""
-        if not self.management.available:
+        if self.management_problem:
             return []
         names = (q["name"] for q in self.management.queues(self.layout.work_queue("")))
         return sorted(d for n in names if (d := self.layout.destination_of(n)))

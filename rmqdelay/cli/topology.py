@@ -6,9 +6,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..amqp.topology_manager import TopologyManager
+from ..settings import Settings
 from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
 
 __all__ = ["app"]
@@ -22,6 +24,15 @@ app = typer.Typer(
 DestinationsOpt = Annotated[
     list[str] | None,
     typer.Option("--destination", "-d", help="A destination (work queue); repeat for more."),
+]
+ManagementUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--management-url",
+        help="Management API, to list bindings and work queues (default: the AMQP host, "
+        "port 15672, https for amqps). Env: RMQDELAY_MANAGEMENT_URL.",
+        show_default=False,
+    ),
 ]
 _STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unchecked": "dim"}
 
@@ -38,11 +49,13 @@ def topology_plan(
     prefix: PrefixOpt = None,
     config: ConfigOpt = None,
     show_ok: Annotated[bool, typer.Option(help="List objects that are fine too.")] = False,
+    management_url: ManagementUrlOpt = None,
 ) -> None:
     """Show what exists, what `apply` would create, and what differs."""
-    settings = settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         states = manager.plan(destination or [])
+        unusable = _management_note(manager, settings, "bindings were not checked")
     table = Table(title=f"topology {settings.prefix} on {settings.masked_url}")
     for column in ("kind", "name", "status", "detail"):
         table.add_column(column)
@@ -55,7 +68,7 @@ def topology_plan(
     if table.row_count:
         out.print(table)
     out.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
-    if counts.get("missing") or counts.get("differs"):
+    if counts.get("missing") or counts.get("differs") or unusable:
         raise typer.Exit(1)
 
 
@@ -93,18 +106,21 @@ def topology_verify(
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     config: ConfigOpt = None,
+    management_url: ManagementUrlOpt = None,
 ) -> None:
     """Check passively that every object exists; exit 1 with the list of problems."""
-    settings = settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         problems = manager.verify(destination or [])
-        if not manager.management.available:
-            err.print("note: no management API answered, so bindings were not checked")
+        unusable = _management_note(manager, settings, "bindings were not checked")
     for problem in problems:
         out.print(f"[red]problem:[/] {problem}", highlight=False)
-    if problems:
+    if problems or unusable:
         raise typer.Exit(1)
-    out.print(f"topology {settings.prefix} is complete")
+    if manager.management_problem:
+        out.print(f"topology {settings.prefix}: exchanges and queues exist; bindings unchecked")
+    else:
+        out.print(f"topology {settings.prefix} is complete")
 
 
 @app.command(
@@ -121,12 +137,31 @@ def topology_destroy(
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     config: ConfigOpt = None,
+    management_url: ManagementUrlOpt = None,
 ) -> None:
     """Remove the prefix's tiers, exchanges, parking and work queues."""
     if not yes:
         err.print("[bold red]error:[/] destroy removes queues and their messages: pass --yes")
         raise typer.Exit(2)
-    settings = settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
+        _management_note(
+            manager, settings, "only the work queues named with -d are removed", fatal=False
+        )
         deleted = manager.destroy(destination or [], force=force)
     out.print(f"deleted {len(deleted)} objects of {settings.prefix}")
+
+
+def _management_note(
+    manager: TopologyManager, settings: Settings, consequence: str, *, fatal: bool = True
+) -> bool:
+    """Say why the management API cannot be used, if so, rather than report bindings
+    missing.  Returns True (an error) when the user configured it and ``fatal``: a
+    missing default API is only a note."""
+    problem = manager.management_problem
+    if problem is None:
+        return False
+    error = fatal and settings.management_url is not None
+    label = "[bold red]error:[/]" if error else "[yellow]note:[/]"
+    err.print(f"{label} {consequence}: {escape(problem)}", highlight=False)
+    return error

@@ -1,0 +1,99 @@
+"""Where the management API is (management_url), as ``rmqdelay topology`` finds and uses it.
+
+A management URL that does not answer must be reported as such, naming the URL and the
+setting, and never turn into bindings reported missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.parse
+import uuid
+
+import pytest
+from broker import BrokerInfo
+from brokerctl import BrokerAdmin
+
+from rmqdelay import Settings, TopologyManager
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rmqdelay.cli", "topology", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def management_url(broker: BrokerInfo) -> str:
+    if not broker.management_url:
+        pytest.skip("the broker's management API is not available")
+    return broker.management_url
+
+
+@pytest.fixture
+def env(amqp_url: str, prefix: str) -> dict[str, str]:
+    env = {**os.environ, "RMQDELAY_URL": amqp_url, "RMQDELAY_PREFIX": prefix, "COLUMNS": "250"}
+    env["RMQDELAY_MAX_DELAY"] = "1m"
+    env.pop("RMQDELAY_MANAGEMENT_URL", None)
+    assert run(env, "apply", "-d", "jobs").returncode == 0
+    return env
+
+
+def test_unreachable_management_url_is_said_not_missing(env: dict[str, str]) -> None:
+    wrong = f"http://127.0.0.1:{_closed_port()}"
+    verify = run(env, "verify", "-d", "jobs", "--management-url", wrong)
+    assert verify.returncode == 1
+    assert "missing" not in verify.stdout + verify.stderr
+    line = " ".join(verify.stderr.split())  # rich may wrap
+    assert f"the management API at {wrong} is unreachable" in line
+    assert "RMQDELAY_MANAGEMENT_URL" in line and "--management-url" in line
+
+    plan = run({**env, "RMQDELAY_MANAGEMENT_URL": wrong}, "plan", "-d", "jobs")
+    assert plan.returncode == 1 and "unreachable" in plan.stderr
+    assert "missing" not in plan.stdout and "unchecked" in plan.stdout
+
+
+def test_the_right_management_url_checks_bindings(
+    env: dict[str, str], management_url: str, amqp_url: str, prefix: str
+) -> None:
+    verify = run(env, "verify", "-d", "jobs", "--management-url", management_url)
+    assert verify.returncode == 0, verify.stderr
+    assert "is complete" in verify.stdout and verify.stderr == ""
+
+    plan = run(env, "plan", "-d", "jobs", "--show-ok", "--management-url", management_url)
+    assert plan.returncode == 0, plan.stderr
+    assert "unchecked" not in plan.stdout and "binding" in plan.stdout
+
+    settings = Settings(url=amqp_url, prefix=prefix, max_delay="1m", management_url=management_url)
+    with TopologyManager(settings) as manager:
+        assert manager.management_problem is None
+        assert manager.discover_destinations() == ["jobs"]
+
+
+def test_management_url_credentials_win_and_stay_hidden(
+    env: dict[str, str], management_url: str, admin: BrokerAdmin, prefix: str
+) -> None:
+    # a user with no management tag: the API refuses it, though the AMQP URL's user works
+    user, password = f"{prefix}-nomgmt", uuid.uuid4().hex
+    admin.add_user(user, password, ".*", ".*", ".*", vhost=admin.vhost)
+    parts = urllib.parse.urlsplit(management_url)
+    with_creds = parts._replace(netloc=f"{user}:{password}@{parts.netloc}").geturl()
+    verify = run({**env, "RMQDELAY_MANAGEMENT_URL": with_creds}, "verify", "-d", "jobs")
+    assert verify.returncode == 1
+    assert "refused the credentials (HTTP 401)" in verify.stderr
+    assert password not in verify.stdout + verify.stderr
+    assert f"at {management_url.rstrip('/')} refused" in " ".join(verify.stderr.split())
