@@ -4,6 +4,7 @@
 #   make broker   make sure a RabbitMQ broker is up (scripts/broker.py)
 #   make lint     ruff + mypy
 #   make test     lint, then pytest (PYTEST_ARGS='-k foo -x' passes options through)
+#   make unit     the broker-free tests only (tests/unit), in seconds
 #   make demo     run examples/seeds_demo.py against the broker
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make clean    caches and build output (distclean also removes .venv)
@@ -39,7 +40,7 @@ endif
 WITH_BROKER = url="$$($(PY) scripts/broker.py --quiet)"; \
 	if [ -n "$$url" ]; then export RMQDELAY_URL="$$url"; fi; unset url;
 
-.PHONY: venv broker lint test test-oldest demo bench clean distclean
+.PHONY: venv broker lint test unit test-oldest demo bench clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -66,6 +67,9 @@ test: venv lint broker
 	rc=0; $(VENV)/bin/pytest -q $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc
+
+unit: venv
+	$(VENV)/bin/pytest -q tests/unit $(PYTEST_ARGS)
 
 # The oldest supported Python (3.10), when one is installed: the pure core, the
 # publishers and the worker, in a venv of its own (pip may pick older dependencies).
