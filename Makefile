@@ -6,6 +6,7 @@
 #   make test     lint, then pytest (PYTEST_ARGS='-k foo -x' passes options through)
 #   make unit     the broker-free tests only (tests/unit), in seconds
 #   make demo     run examples/seeds_demo.py against the broker
+#   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make clean    caches and build output (distclean also removes .venv)
 #
@@ -40,7 +41,7 @@ endif
 WITH_BROKER = url="$$($(PY) scripts/broker.py --quiet)"; \
 	if [ -n "$$url" ]; then export RMQDELAY_URL="$$url"; fi; unset url;
 
-.PHONY: venv broker lint test unit test-oldest demo bench clean distclean
+.PHONY: venv broker lint test unit test-oldest demo bench dist clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -88,6 +89,12 @@ demo: venv
 
 bench: $(STAMP_BENCH) broker
 	$(PY) scripts/broker.py --quiet --run -- $(PY) -m bench $(BENCH_ARGS)
+
+# A wheel in dist/: rmqdelay is not on PyPI yet, so this is how to install it elsewhere.
+dist: venv
+	rm -rf dist build
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@ls dist/*.whl
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
