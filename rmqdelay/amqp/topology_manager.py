@@ -237,7 +237,9 @@ class TopologyManager:
         extra = [*destinations, *self.discover_destinations()]
         topology = self.topology(extra)
         counts = {q.name: self._exists("queue", q.name) for q in topology.queues}
-        busy = {name: n for name, n in counts.items() if n}
+        # the journal's records are history, not messages waiting to be delivered
+        records = {q.name for q in topology.queues if q.role == "journal"}
+        busy = {name: n for name, n in counts.items() if n and name not in records}
         if busy and not force:
             listed = ", ".join(f"{name} ({n})" for name, n in sorted(busy.items()))
             raise TopologyError(

@@ -64,6 +64,8 @@ class Layout:
     max_destination_length: int
     queue_type: Literal["quorum", "classic"] = "quorum"
     delivery_limit: int = 20
+    journal: bool = True
+    """Whether the schedule journal (a stream, :mod:`rmqdelay.core.journal`) is kept."""
 
     @property
     def named(self) -> tuple[Position, ...]:
@@ -108,6 +110,7 @@ class Layout:
         max_destination_length: int = 100,
         queue_type: Literal["quorum", "classic"] = "quorum",
         delivery_limit: int = 20,
+        journal: bool = True,
     ) -> Layout:
         """Derive the positions and check every limit that needs more than one value.
 
@@ -183,6 +186,7 @@ class Layout:
             max_destination_length=max_destination_length,
             queue_type=queue_type,
             delivery_limit=delivery_limit,
+            journal=journal,
         )
 
 

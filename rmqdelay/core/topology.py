@@ -13,12 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .journal import journal_name, max_age
 from .layout import DIGITS, Layout
 from .routing import validate_destination
 
 __all__ = ["Binding", "Exchange", "Queue", "Topology", "build_topology"]
 
-QueueRole = Literal["tier", "work", "parking"]
+QueueRole = Literal["tier", "work", "parking", "journal"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,15 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
                 bindings.append(Binding(source.exchange, tier.queue, "queue", key))
         key = pattern({i: "0" for i in range(after + 1, words)})
         bindings.append(Binding(source.exchange, layout.delivery_exchange, "exchange", key))
+
+    if layout.journal:
+        # a stream is replicated and append-only; a fanout of the same name leads to it,
+        # so that writing needs no permission on the default exchange
+        journal = journal_name(layout)
+        exchanges.append(Exchange(journal, "fanout"))
+        stream_args = {"x-queue-type": "stream", "x-max-age": max_age(layout)}
+        queues.append(Queue(journal, "journal", stream_args))
+        bindings.append(Binding(journal, journal, "queue", ""))
 
     for destination in dict.fromkeys(destinations):
         validate_destination(layout, destination)

@@ -168,6 +168,9 @@ def test_topology_arguments_for_quorum() -> None:
     layout = config.layout
     topology = build_topology(config.layout, ["orders"])
     for queue in topology.queues:
+        if queue.role == "journal":  # the schedule journal is a stream, by design
+            assert queue.arguments == {"x-queue-type": "stream", "x-max-age": "2h"}
+            continue
         assert queue.arguments["x-queue-type"] == "quorum"
         if queue.role in ("tier", "work"):
             assert queue.arguments["x-dead-letter-strategy"] == "at-least-once"
@@ -179,6 +182,9 @@ def test_topology_arguments_for_quorum() -> None:
     # 1h = 360,000 units of 10 ms: five positions, the top one needing digits 1 to 5 only
     assert [p.max_digit for p in layout.positions] == [5, 15, 15, 15, 15]
     assert len([q for q in topology.queues if q.role == "tier"]) == 5 + 4 * 15
+    assert [q.name for q in topology.queues if q.role == "journal"] == ["rmqdelay.schedule"]
+    without = build_topology(config.model_copy(update={"schedule_journal": False}).layout, [])
+    assert not [q for q in without.queues if q.role == "journal"]
 
 
 @settings(max_examples=300, deadline=None)
