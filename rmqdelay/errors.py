@@ -12,6 +12,7 @@ __all__ = [
     "DelayError",
     "InvalidBodyError",
     "InvalidDestinationError",
+    "JournalError",
     "PublishError",
     "PublishNackedError",
     "PublisherClosedError",
@@ -109,3 +110,7 @@ class TopologyConflictError(TopologyError):
             f"{argument}={wanted}. RabbitMQ cannot change it in place: delete it (after "
             f"draining it) or change the settings back.{(' ' + detail) if detail else ''}"
         )
+
+
+class JournalError(RmqDelayError):
+    """The schedule journal could not be read to its end in time."""

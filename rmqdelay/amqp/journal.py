@@ -1,0 +1,247 @@
+"""Reading and writing the schedule journal stream, with pika and with aio-pika.
+
+What a record holds and what a reader makes of the records is :mod:`rmqdelay.core.journal`.
+A stream is read over AMQP 0-9-1 with the ``x-stream-offset`` consumer argument (a
+timestamp here: the records of the last ``max_delay``), with manual acks and a prefetch,
+as RabbitMQ requires for streams. A stream never says where it ends, so a reader first
+appends a marker of its own, confirmed, and reads until the marker comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import aio_pika
+import aiormq
+import pika
+import pika.exceptions
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from ..core.journal import JournalRecord, decode_record, encode_record, journal_name
+from ..core.layout import Layout
+from ..errors import ConfigurationError, JournalError, TopologyError
+
+__all__ = [
+    "JournalTail",
+    "journal_properties",
+    "read_journal",
+    "read_journal_async",
+    "require_journal",
+]
+
+_PREFETCH = 2000
+_ACK_EVERY = 500
+JOURNAL_TYPE = "rmqdelay-journal"
+
+
+def require_journal(layout: Layout, what: str) -> str:
+    """The stream's name; a clear error when the settings turned the journal off."""
+    if not layout.journal:
+        raise ConfigurationError(
+            f"{what} needs the schedule journal, which is off: set schedule_journal = true "
+            "(RMQDELAY_SCHEDULE_JOURNAL=true) and run `rmqdelay topology apply`. It shows "
+            "only what was published while the journal was on"
+        )
+    return journal_name(layout)
+
+
+def journal_properties(record: JournalRecord) -> dict[str, Any]:
+    """The AMQP properties of a record: persistent, typed, named by the message id."""
+    return {
+        "message_id": record.message_id,
+        "type": JOURNAL_TYPE,
+        "content_type": "application/json",
+        "delivery_mode": 2,
+    }
+
+
+def _offset(since_ms: int) -> datetime:
+    # AMQP timestamps are whole seconds: start one early rather than miss a record
+    return datetime.fromtimestamp(max(0, since_ms // 1000 - 1), tz=timezone.utc)
+
+
+def _marker() -> JournalRecord:
+    return JournalRecord("marker", f"marker-{uuid.uuid4()}", recorded_at_ms=time.time_ns() // 10**6)
+
+
+def _missing(name: str) -> TopologyError:
+    return TopologyError(
+        f"the schedule journal {name!r} does not exist: run `rmqdelay topology apply` "
+        "(or set schedule_journal = false)"
+    )
+
+
+# ------------------------------------------------------------------ sync (pika)
+
+
+def _read_sync(
+    connection: pika.BlockingConnection, layout: Layout, since_ms: int, timeout: float
+) -> Iterator[JournalRecord]:
+    name = require_journal(layout, "reading the schedule")
+    marker = _marker()
+    channel = connection.channel()
+    try:
+        channel.confirm_delivery()
+        try:
+            channel.basic_publish(
+                name,
+                "",
+                encode_record(marker),
+                pika.BasicProperties(**journal_properties(marker)),
+                mandatory=True,
+            )
+        except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+            raise _missing(name) from None
+        channel.basic_qos(prefetch_count=_PREFETCH)
+        unacked = 0
+        for method, _props, body in channel.consume(
+            name, arguments={"x-stream-offset": _offset(since_ms)}, inactivity_timeout=timeout
+        ):
+            if method is None:
+                raise JournalError(
+                    f"the schedule journal {name!r} gave nothing for {timeout:g}s before the "
+                    "reader's own marker arrived; try again"
+                )
+            unacked += 1
+            if unacked >= _ACK_EVERY:
+                channel.basic_ack(method.delivery_tag, multiple=True)
+                unacked = 0
+            record = decode_record(body)
+            if record is None:
+                continue
+            if record.kind == "marker":
+                if record.message_id == marker.message_id:
+                    return
+                continue
+            yield record
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            raise _missing(name) from None
+        raise
+    finally:
+        if channel.is_open:
+            channel.close()
+
+
+def read_journal(
+    connection: pika.BlockingConnection,
+    layout: Layout,
+    *,
+    since_ms: int | None = None,
+    timeout: float = 30.0,
+    progress: Callable[[int], None] | None = None,
+) -> list[JournalRecord]:
+    """Every record from ``since_ms`` (default: now − max_delay) to now, in order."""
+    start = since_ms if since_ms is not None else time.time_ns() // 10**6 - layout.max_delay_ms
+    records: list[JournalRecord] = []
+    for record in _read_sync(connection, layout, start, timeout):
+        records.append(record)
+        if progress is not None and len(records) % 1000 == 0:
+            progress(len(records))
+    return records
+
+
+# ------------------------------------------------------------------ asyncio (aio-pika)
+
+
+async def _publish_marker(channel: AbstractChannel, name: str, marker: JournalRecord) -> None:
+    exchange = await channel.get_exchange(name, ensure=False)
+    try:
+        await exchange.publish(
+            aio_pika.Message(encode_record(marker), **journal_properties(marker)),
+            routing_key="",
+            mandatory=True,
+        )
+    except aiormq.exceptions.PublishError:
+        raise _missing(name) from None
+
+
+class JournalTail:
+    """Follow the journal from ``since_ms`` onwards, calling ``on_record`` for each record.
+
+    ``caught_up`` is set once the reader's own marker came back: every record confirmed
+    before :meth:`start` has been seen. A worker waits for it before it consumes, so a
+    cancel confirmed before the worker started is honoured.
+    """
+
+    def __init__(
+        self,
+        connection: AbstractConnection,
+        layout: Layout,
+        on_record: Callable[[JournalRecord], None],
+        *,
+        since_ms: int | None = None,
+    ) -> None:
+        self.name = require_journal(layout, "following the schedule")
+        self.connection = connection
+        self.on_record = on_record
+        self.since_ms = (
+            since_ms if since_ms is not None else time.time_ns() // 10**6 - layout.max_delay_ms
+        )
+        self.caught_up = asyncio.Event()
+        self.count = 0
+        self._marker = _marker()
+        self._channel: AbstractChannel | None = None
+        self._unacked = 0
+
+    async def start(self) -> JournalTail:
+        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        self._channel = channel
+        await _publish_marker(channel, self.name, self._marker)
+        await channel.set_qos(prefetch_count=_PREFETCH)
+        try:
+            queue = await channel.get_queue(self.name, ensure=False)
+            await queue.consume(
+                self._on_message, arguments={"x-stream-offset": _offset(self.since_ms)}
+            )
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            raise _missing(self.name) from None
+        return self
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._unacked += 1
+        # a stream consumer must ack to get more credit; one multiple ack per batch
+        if self._unacked >= _ACK_EVERY or self.caught_up.is_set():
+            await message.ack(multiple=True)
+            self._unacked = 0
+        record = decode_record(message.body)
+        if record is None:
+            return
+        if record.kind == "marker":
+            if record.message_id == self._marker.message_id:
+                self.caught_up.set()
+            return
+        self.count += 1
+        self.on_record(record)
+
+    async def close(self) -> None:
+        if self._channel is not None and not self._channel.is_closed:
+            await self._channel.close()
+
+
+async def read_journal_async(
+    connection: AbstractConnection,
+    layout: Layout,
+    *,
+    since_ms: int | None = None,
+    timeout: float = 30.0,
+) -> list[JournalRecord]:
+    """:func:`read_journal` for asyncio code."""
+    records: list[JournalRecord] = []
+    tail = JournalTail(connection, layout, records.append, since_ms=since_ms)
+    try:
+        await tail.start()
+        await asyncio.wait_for(tail.caught_up.wait(), timeout)
+    except asyncio.TimeoutError:
+        raise JournalError(
+            f"the schedule journal {tail.name!r} did not reach the reader's own marker within "
+            f"{timeout:g}s; try again"
+        ) from None
+    finally:
+        await tail.close()
+    return records

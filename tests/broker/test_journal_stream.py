@@ -1,0 +1,99 @@
+"""The schedule journal stream on a real broker: written, read back to its end, followed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aio_pika
+import pika
+import pytest
+from worker_helpers import make_settings
+
+from rmqdelay import ConfigurationError, Settings
+from rmqdelay.amqp.journal import JournalTail, read_journal, read_journal_async
+from rmqdelay.core.journal import JournalRecord, encode_record, journal_name
+
+
+def _append(settings: Settings, records: list[JournalRecord]) -> None:
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for record in records:
+            channel.basic_publish(
+                journal_name(settings.layout),
+                "",
+                encode_record(record),
+                pika.BasicProperties(delivery_mode=2, message_id=record.message_id),
+                mandatory=True,
+            )
+    finally:
+        connection.close()
+
+
+def _records(n: int, start: int = 0) -> list[JournalRecord]:
+    now = time.time_ns() // 10**6
+    return [
+        JournalRecord("scheduled", f"m{i}", "orders", now + 60_000 + i, recorded_at_ms=now)
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture
+def settings(amqp_url: str, prefix: str) -> Settings:
+    return make_settings(amqp_url, prefix, ["orders"], max_delay="1m")
+
+
+def test_a_sync_read_returns_every_record_in_order_and_stops_at_its_own_marker(
+    settings: Settings,
+) -> None:
+    written = _records(1200)  # over one ack batch and under one prefetch window
+    _append(settings, written)
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    try:
+        first = read_journal(connection, settings.layout, timeout=10)
+        again = read_journal(connection, settings.layout, timeout=10)
+    finally:
+        connection.close()
+    assert first == written
+    assert again == written  # the first reader's marker is not a record
+
+
+async def test_an_async_read_sees_the_same_records(settings: Settings) -> None:
+    written = _records(30)
+    _append(settings, written)
+    connection = await aio_pika.connect(settings.url)
+    try:
+        assert await read_journal_async(connection, settings.layout, timeout=10) == written
+    finally:
+        await connection.close()
+
+
+async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) -> None:
+    _append(settings, _records(5))
+    seen: list[JournalRecord] = []
+    connection = await aio_pika.connect(settings.url)
+    try:
+        tail = await JournalTail(connection, settings.layout, seen.append).start()
+        await asyncio.wait_for(tail.caught_up.wait(), 10)
+        assert [r.message_id for r in seen] == [f"m{i}" for i in range(5)]
+        later = _records(3, start=5)
+        await asyncio.get_running_loop().run_in_executor(None, _append, settings, later)
+        deadline = time.monotonic() + 10
+        while len(seen) < 8 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert seen[5:] == later
+        await tail.close()
+    finally:
+        await connection.close()
+
+
+def test_reading_with_the_journal_off_names_the_setting(settings: Settings) -> None:
+    off = settings.model_copy(update={"schedule_journal": False})
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    try:
+        with pytest.raises(ConfigurationError, match="schedule_journal"):
+            read_journal(connection, off.layout)
+    finally:
+        connection.close()
