@@ -108,10 +108,10 @@ def _read_sync(
                     "reader's own marker arrived; try again"
                 )
             unacked += 1
-            if unacked >= _ACK_EVERY:
+            if unacked >= _ACK_EVERY and method.delivery_tag is not None:
                 channel.basic_ack(method.delivery_tag, multiple=True)
                 unacked = 0
-            record = decode_record(body)
+            record = decode_record(body or b"")
             if record is None:
                 continue
             if record.kind == "marker":
@@ -136,7 +136,7 @@ def read_journal(
     timeout: float = 30.0,
     progress: Callable[[int], None] | None = None,
 ) -> list[JournalRecord]:
-    """Every record from ``since_ms`` (default: now − max_delay) to now, in order."""
+    """Every record from ``since_ms`` (default: now - max_delay) to now, in order."""
     start = since_ms if since_ms is not None else time.time_ns() // 10**6 - layout.max_delay_ms
     records: list[JournalRecord] = []
     for record in _read_sync(connection, layout, start, timeout):

@@ -42,7 +42,8 @@ def _records(n: int, start: int = 0) -> list[JournalRecord]:
 
 @pytest.fixture
 def settings(amqp_url: str, prefix: str) -> Settings:
-    return make_settings(amqp_url, prefix, ["orders"], max_delay="1m")
+    made: Settings = make_settings(amqp_url, prefix, ["orders"], max_delay="1m")
+    return made
 
 
 def test_a_sync_read_returns_every_record_in_order_and_stops_at_its_own_marker(
