@@ -22,13 +22,27 @@ import pika
 import pika.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
-from ..core.journal import JournalRecord, decode_record, encode_record, journal_name
+from ..core.journal import (
+    CancelResult,
+    JournalRecord,
+    ScheduleView,
+    decode_record,
+    encode_record,
+    journal_name,
+    plan_cancels,
+)
 from ..core.layout import Layout
 from ..errors import ConfigurationError, JournalError, TopologyError
 
 __all__ = [
     "JournalTail",
+    "append_records",
+    "append_records_async",
+    "cancel",
+    "cancel_async",
     "journal_properties",
+    "list_scheduled",
+    "list_scheduled_async",
     "read_journal",
     "read_journal_async",
     "require_journal",
@@ -146,19 +160,91 @@ def read_journal(
     return records
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 10**6
+
+
+def append_records(
+    connection: pika.BlockingConnection, layout: Layout, records: list[JournalRecord]
+) -> None:
+    """Append records and wait for every confirm (a return means the stream is missing)."""
+    name = require_journal(layout, "writing to the schedule journal")
+    channel = connection.channel()
+    try:
+        channel.confirm_delivery()
+        for record in records:
+            properties = pika.BasicProperties(**journal_properties(record))
+            channel.basic_publish(name, "", encode_record(record), properties, mandatory=True)
+    except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+        raise _missing(name) from None
+    finally:
+        if channel.is_open:
+            channel.close()
+
+
+def list_scheduled(
+    connection: pika.BlockingConnection,
+    layout: Layout,
+    *,
+    destination: str | None = None,
+    due_before_ms: int | None = None,
+    limit: int | None = None,
+    timeout: float = 30.0,
+    progress: Callable[[int], None] | None = None,
+) -> list[JournalRecord]:
+    """What is still ahead and not cancelled, soonest first (while the journal was on)."""
+    view = ScheduleView().extend(
+        read_journal(connection, layout, timeout=timeout, progress=progress)
+    )
+    return view.pending(
+        _now_ms(), destination=destination, due_before_ms=due_before_ms, limit=limit
+    )
+
+
+def cancel(
+    connection: pika.BlockingConnection,
+    layout: Layout,
+    message_ids: list[str],
+    *,
+    timeout: float = 30.0,
+) -> list[CancelResult]:
+    """Tombstone each id still ahead; say for each: cancelled, unknown or too late."""
+    view = ScheduleView().extend(read_journal(connection, layout, timeout=timeout))
+    results, tombstones = plan_cancels(view, message_ids, _now_ms())
+    if tombstones:
+        append_records(connection, layout, tombstones)
+    return results
+
+
 # ------------------------------------------------------------------ asyncio (aio-pika)
 
 
-async def _publish_marker(channel: AbstractChannel, name: str, marker: JournalRecord) -> None:
+async def _publish_records(
+    channel: AbstractChannel, name: str, records: list[JournalRecord]
+) -> None:
     exchange = await channel.get_exchange(name, ensure=False)
     try:
-        await exchange.publish(
-            aio_pika.Message(encode_record(marker), **journal_properties(marker)),
-            routing_key="",
-            mandatory=True,
+        await asyncio.gather(
+            *(
+                exchange.publish(
+                    aio_pika.Message(encode_record(r), **journal_properties(r)),
+                    routing_key="",
+                    mandatory=True,
+                )
+                for r in records
+            )
         )
     except aiormq.exceptions.PublishError:
         raise _missing(name) from None
+
+
+async def append_records_async(
+    connection: AbstractConnection, layout: Layout, records: list[JournalRecord]
+) -> None:
+    """:func:`append_records` for asyncio code."""
+    name = require_journal(layout, "writing to the schedule journal")
+    async with connection.channel(publisher_confirms=True, on_return_raises=True) as channel:
+        await _publish_records(channel, name, records)
 
 
 class JournalTail:
@@ -192,7 +278,7 @@ class JournalTail:
     async def start(self) -> JournalTail:
         channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         self._channel = channel
-        await _publish_marker(channel, self.name, self._marker)
+        await _publish_records(channel, self.name, [self._marker])
         await channel.set_qos(prefetch_count=_PREFETCH)
         try:
             queue = await channel.get_queue(self.name, ensure=False)
@@ -245,3 +331,36 @@ async def read_journal_async(
     finally:
         await tail.close()
     return records
+
+
+async def list_scheduled_async(
+    connection: AbstractConnection,
+    layout: Layout,
+    *,
+    destination: str | None = None,
+    due_before_ms: int | None = None,
+    limit: int | None = None,
+    timeout: float = 30.0,
+) -> list[JournalRecord]:
+    """:func:`list_scheduled` for asyncio code."""
+    records = await read_journal_async(connection, layout, timeout=timeout)
+    return (
+        ScheduleView()
+        .extend(records)
+        .pending(_now_ms(), destination=destination, due_before_ms=due_before_ms, limit=limit)
+    )
+
+
+async def cancel_async(
+    connection: AbstractConnection,
+    layout: Layout,
+    message_ids: list[str],
+    *,
+    timeout: float = 30.0,
+) -> list[CancelResult]:
+    """:func:`cancel` for asyncio code."""
+    view = ScheduleView().extend(await read_journal_async(connection, layout, timeout=timeout))
+    results, tombstones = plan_cancels(view, message_ids, _now_ms())
+    if tombstones:
+        await append_records_async(connection, layout, tombstones)
+    return results

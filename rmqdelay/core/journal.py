@@ -28,6 +28,7 @@ from .layout import Layout
 __all__ = [
     "CANCEL_MARGIN_MS",
     "CancelAnswer",
+    "CancelResult",
     "JournalRecord",
     "RecordKind",
     "ScheduleView",
@@ -36,6 +37,7 @@ __all__ = [
     "encode_record",
     "journal_name",
     "max_age",
+    "plan_cancels",
 ]
 
 RecordKind = Literal["scheduled", "cancelled", "marker"]
@@ -180,6 +182,50 @@ class ScheduleView:
         if record.due_at_ms <= now_ms:
             return "too late", record
         return "cancelled", record
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What a cancel found for one message id."""
+
+    message_id: str
+    outcome: CancelAnswer
+    due_at_ms: int | None = None
+    destination: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "outcome": self.outcome,
+            "due_at_ms": self.due_at_ms,
+            "destination": self.destination,
+        }
+
+
+def plan_cancels(
+    view: ScheduleView, message_ids: Iterable[str], now_ms: int
+) -> tuple[list[CancelResult], list[JournalRecord]]:
+    """The answer for each id, and the tombstones to append for those still ahead."""
+    results: list[CancelResult] = []
+    tombstones: list[JournalRecord] = []
+    for message_id in dict.fromkeys(message_ids):
+        answer, record = view.answer(message_id, now_ms)
+        if record is None:
+            results.append(CancelResult(message_id, answer))
+            continue
+        results.append(CancelResult(message_id, answer, record.due_at_ms, record.destination))
+        if answer == "cancelled":
+            tombstones.append(
+                JournalRecord(
+                    "cancelled",
+                    message_id,
+                    record.destination,
+                    record.due_at_ms,
+                    record.attempt,
+                    recorded_at_ms=now_ms,
+                )
+            )
+    return results, tombstones
 
 
 @dataclass

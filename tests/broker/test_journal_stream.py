@@ -11,7 +11,15 @@ import pytest
 from worker_helpers import make_settings
 
 from rmqdelay import ConfigurationError, Settings
-from rmqdelay.amqp.journal import JournalTail, read_journal, read_journal_async
+from rmqdelay.amqp.journal import (
+    JournalTail,
+    cancel,
+    cancel_async,
+    list_scheduled,
+    list_scheduled_async,
+    read_journal,
+    read_journal_async,
+)
 from rmqdelay.core.journal import JournalRecord, encode_record, journal_name
 
 
@@ -98,3 +106,41 @@ def test_reading_with_the_journal_off_names_the_setting(settings: Settings) -> N
             read_journal(connection, off.layout)
     finally:
         connection.close()
+
+
+def test_cancel_answers_and_list_leaves_out_what_was_cancelled_or_is_past(
+    settings: Settings,
+) -> None:
+    now = time.time_ns() // 10**6
+    ahead = [JournalRecord("scheduled", f"a{i}", "orders", now + 60_000 - i) for i in range(4)]
+    past = JournalRecord("scheduled", "past", "orders", now - 1)
+    _append(settings, [*ahead, past])
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    try:
+        results = cancel(connection, settings.layout, ["a1", "past", "nobody"])
+        assert [(r.message_id, r.outcome) for r in results] == [
+            ("a1", "cancelled"),
+            ("past", "too late"),
+            ("nobody", "unknown"),
+        ]
+        assert results[0].due_at_ms == now + 60_000 - 1
+        listed = list_scheduled(connection, settings.layout)
+        assert [r.message_id for r in listed] == ["a3", "a2", "a0"]  # soonest first
+        assert cancel(connection, settings.layout, ["a1"])[0].outcome == "cancelled"
+    finally:
+        connection.close()
+
+
+async def test_async_cancel_and_list(settings: Settings) -> None:
+    now = time.time_ns() // 10**6
+    _append(
+        settings, [JournalRecord("scheduled", f"b{i}", "orders", now + 60_000) for i in range(3)]
+    )
+    connection = await aio_pika.connect(settings.url)
+    try:
+        results = await cancel_async(connection, settings.layout, ["b0"])
+        assert [r.outcome for r in results] == ["cancelled"]
+        listed = await list_scheduled_async(connection, settings.layout, limit=5)
+        assert [r.message_id for r in listed] == ["b1", "b2"]
+    finally:
+        await connection.close()

@@ -14,6 +14,7 @@ from rmqdelay.core.journal import (
     ScheduleView,
     Tombstones,
     decode_record,
+    plan_cancels,
     encode_record,
     journal_name,
     max_age,
@@ -135,3 +136,23 @@ def test_the_stream_outlives_the_longest_delay() -> None:
     layout = Settings(prefix="shop", max_delay="90m").layout
     assert journal_name(layout) == "shop.schedule"
     assert max_age(layout) == "3h"
+
+
+def test_plan_cancels_answers_each_id_once_and_tombstones_only_what_is_ahead() -> None:
+    view = ScheduleView().extend(
+        [
+            JournalRecord("scheduled", "ahead", "orders", 5000, attempt=2),
+            JournalRecord("scheduled", "past", "orders", 100),
+        ]
+    )
+    results, tombstones = plan_cancels(view, ["ahead", "past", "nope", "ahead"], 1000)
+    assert [(r.message_id, r.outcome, r.due_at_ms) for r in results] == [
+        ("ahead", "cancelled", 5000),
+        ("past", "too late", 100),
+        ("nope", "unknown", None),
+    ]
+    assert tombstones == [
+        JournalRecord("cancelled", "ahead", "orders", 5000, 2, recorded_at_ms=1000)
+    ]
+    # once the tombstone is in the journal, the message is no longer pending
+    assert view.extend(tombstones).pending(1000) == []
