@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import parked, publish, topology, worker
+from . import parked, publish, schedule, topology, worker
 
 __all__ = ["app", "main"]
 
@@ -18,6 +18,8 @@ app.add_typer(topology.app, name="topology")
 app.add_typer(publish.commands)
 app.add_typer(worker.commands)
 app.add_typer(parked.app, name="parked")
+app.add_typer(schedule.scheduled_app, name="scheduled")
+app.add_typer(schedule.commands)
 
 
 def main() -> None:

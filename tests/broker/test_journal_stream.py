@@ -144,3 +144,36 @@ async def test_async_cancel_and_list(settings: Settings) -> None:
         assert [r.message_id for r in listed] == ["b1", "b2"]
     finally:
         await connection.close()
+
+
+def test_the_cli_lists_and_cancels_and_exits_0_only_when_all_were_cancelled(
+    settings: Settings,
+) -> None:
+    from typer.testing import CliRunner
+
+    from rmqdelay.cli import app
+
+    now = time.time_ns() // 10**6
+    _append(
+        settings,
+        [JournalRecord("scheduled", f"c{i}", "orders", now + 60_000 + i) for i in range(3)],
+    )
+    env = {
+        "RMQDELAY_URL": settings.url,
+        "RMQDELAY_PREFIX": settings.prefix,
+        "RMQDELAY_MAX_DELAY": "1m",
+    }
+    runner = CliRunner()
+    done = runner.invoke(app, ["cancel", "c0", "--json"], env=env)
+    assert done.exit_code == 0, done.output
+    assert '"outcome":"cancelled"' in done.output
+    mixed = runner.invoke(app, ["cancel", "c1", "nobody"], env=env)
+    assert mixed.exit_code == 1
+    assert "c1: cancelled" in mixed.output and "nobody: unknown" in mixed.output
+    listed = runner.invoke(app, ["scheduled", "list", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert [line.split('"')[3] for line in listed.output.splitlines()] == ["c2"]
+    off = runner.invoke(
+        app, ["scheduled", "list"], env={**env, "RMQDELAY_SCHEDULE_JOURNAL": "false"}
+    )
+    assert off.exit_code == 1 and "schedule_journal" in off.output

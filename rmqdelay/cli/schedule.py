@@ -1,0 +1,171 @@
+"""``rmqdelay scheduled list`` and ``rmqdelay cancel``: the schedule journal, read and used."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..amqp import journal
+from ..amqp.connections import connect_blocking
+from ..core.durations import parse_duration_us
+from ..errors import DelayError
+from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
+
+__all__ = ["commands", "scheduled_app"]
+
+out = Console()
+commands = typer.Typer()
+scheduled_app = typer.Typer(
+    help="See what is scheduled (what was published while the schedule journal was on).",
+    no_args_is_help=True,
+)
+_PROGRESS_AFTER_S = 1.0
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _due_before(text: str | None) -> int | None:
+    """``--due-before``: an ISO 8601 time, or a duration from now such as ``10m``."""
+    if text is None:
+        return None
+    try:
+        return time.time_ns() // 10**6 + parse_duration_us(text) // 1000
+    except DelayError:
+        pass
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise DelayError(
+            f"--due-before {text!r} is neither a duration (10m) nor ISO 8601 "
+            "(2026-11-21T15:00:00+00:00)"
+        ) from None
+    if at.tzinfo is None:
+        raise DelayError(f"--due-before {text!r} has no timezone: add one, e.g. +00:00 or Z")
+    return int(at.timestamp() * 1000)
+
+
+@scheduled_app.command(
+    "list",
+    epilog="Shows what was published while the schedule journal was on "
+    "(schedule_journal = true), read from the `{prefix}.schedule` stream, minus what was "
+    "cancelled or is already due. Examples: `rmqdelay scheduled list --destination "
+    "orders-timeout --limit 20`; `rmqdelay scheduled list --due-before 10m --json`",
+)
+@friendly_errors
+def scheduled_list(
+    destination: Annotated[
+        str | None, typer.Option("--destination", "-d", help="Only this destination.")
+    ] = None,
+    due_before: Annotated[
+        str | None,
+        typer.Option("--due-before", help="Only messages due before: ISO 8601, or 10m from now."),
+    ] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="At most this many, soonest first.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """List the messages still ahead and not cancelled, soonest first."""
+    settings = settings_from(url, prefix, config)
+    before = _due_before(due_before)
+    journal.require_journal(settings.layout, "`scheduled list`")
+    connection = connect_blocking(settings, "cli")
+    started = time.monotonic()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("reading the schedule journal: {task.completed:,} records"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task("read", total=None, visible=False)
+
+        def seen(count: int) -> None:
+            visible = time.monotonic() - started > _PROGRESS_AFTER_S
+            progress.update(task, completed=count, visible=visible)
+
+        try:
+            found = journal.list_scheduled(
+                connection,
+                settings.layout,
+                destination=destination,
+                due_before_ms=before,
+                limit=limit,
+                progress=seen,
+            )
+        finally:
+            connection.close()
+    if as_json:
+        for record in found:
+            row = {
+                "message_id": record.message_id,
+                "destination": record.destination,
+                "due_at_ms": record.due_at_ms,
+                "attempt": record.attempt,
+                "body_size": record.body_size,
+                "headers": dict(record.headers),
+            }
+            print(json.dumps(row, separators=(",", ":")))
+        return
+    table = Table("due at (UTC)", "destination", "message id", "attempt", "bytes")
+    for record in found:
+        table.add_row(
+            _when(record.due_at_ms),
+            record.destination,
+            record.message_id,
+            str(record.attempt),
+            str(record.body_size),
+        )
+    out.print(table)
+    out.print(f"{len(found)} scheduled")
+
+
+@commands.command(
+    "cancel",
+    epilog="A worker acks a cancelled message without calling its handler when it falls "
+    "due; a plain AMQP consumer does not know about cancels. Exits 0 only when every id "
+    "was cancelled. Example: `rmqdelay cancel 3f2b... 9c1d... --json`",
+)
+@friendly_errors
+def cancel_command(
+    message_ids: Annotated[list[str], typer.Argument(help="Message ids to cancel.")],
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per id.")] = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Cancel scheduled messages: say for each id cancelled, unknown, or too late."""
+    settings = settings_from(url, prefix, config)
+    journal.require_journal(settings.layout, "`cancel`")
+    connection = connect_blocking(settings, "cli")
+    try:
+        results = journal.cancel(connection, settings.layout, message_ids)
+    finally:
+        connection.close()
+    for result in results:
+        if as_json:
+            print(json.dumps(result.to_json(), separators=(",", ":")))
+        elif result.outcome == "cancelled" and result.due_at_ms is not None:
+            out.print(f"{result.message_id}: cancelled (was due {_when(result.due_at_ms)})")
+        elif result.outcome == "too late" and result.due_at_ms is not None:
+            out.print(
+                f"{result.message_id}: too late (due {_when(result.due_at_ms)}; "
+                "it may have been delivered)"
+            )
+        else:
+            out.print(f"{result.message_id}: unknown (no record in the schedule journal)")
+    if any(r.outcome != "cancelled" for r in results):
+        raise typer.Exit(1)
