@@ -272,12 +272,12 @@ class JournalTail:
         self.caught_up = asyncio.Event()
         self.count = 0
         self._marker = _marker()
-        self._channel: AbstractChannel | None = None
+        self.channel: AbstractChannel | None = None
         self._unacked = 0
 
     async def start(self) -> JournalTail:
         channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
-        self._channel = channel
+        self.channel = channel
         await _publish_records(channel, self.name, [self._marker])
         await channel.set_qos(prefetch_count=_PREFETCH)
         try:
@@ -306,8 +306,8 @@ class JournalTail:
         self.on_record(record)
 
     async def close(self) -> None:
-        if self._channel is not None and not self._channel.is_closed:
-            await self._channel.close()
+        if self.channel is not None and not self.channel.is_closed:
+            await self.channel.close()
 
 
 async def read_journal_async(

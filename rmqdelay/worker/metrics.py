@@ -9,7 +9,7 @@ __all__ = ["HANDLED", "HANDLER_SECONDS", "LATENESS", "serve_metrics"]
 HANDLED = Counter(
     "rmqdelay_messages",
     "Messages a worker finished with, by destination and outcome "
-    "(acked, retried, requeued, parked).",
+    "(acked, retried, requeued, parked, cancelled).",
     ["destination", "outcome"],
 )
 LATENESS = Histogram(

@@ -24,12 +24,14 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 
 from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.connections import connect_async
+from ..amqp.journal import JournalTail
 from ..core.context import Context
 from ..core.handlers import HandlerSpec
+from ..core.journal import Tombstones
 from ..core.retry import decide
-from ..errors import WorkerError
+from ..errors import TopologyError, WorkerError
 from ..settings import Settings
-from .metrics import HANDLER_SECONDS, LATENESS
+from .metrics import HANDLED, HANDLER_SECONDS, LATENESS
 from .settle import SETTLE_ERRORS, Failure, Received, Settler, read_delivery
 
 __all__ = ["RunningWorker"]
@@ -47,6 +49,7 @@ class _Session:
     publisher: AsyncPublisher
     settler: Settler
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    tail: JournalTail | None = None
     consumers: list[tuple[AbstractQueue, str]] = field(default_factory=list)
 
 
@@ -87,6 +90,8 @@ class RunningWorker:
         self._executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rmqdelay-handler")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._rng = random.Random()
+        self.tombstones = Tombstones()
+        self._expired_at_ms = 0
 
     # ------------------------------------------------------------------ control
 
@@ -206,6 +211,7 @@ class RunningWorker:
             lost = asyncio.Event()
             connection.close_callbacks.add(lambda *_: lost.set())
             queues = await self._check_queues(connection)
+            tail = await self._follow_journal(connection, lost)
             channel = await connection.channel(publisher_confirms=False)
             channel.close_callbacks.add(lambda *_: lost.set())
             await channel.set_qos(prefetch_count=self.prefetch)
@@ -214,7 +220,7 @@ class RunningWorker:
             park_exchange = await park_channel.get_exchange(self.layout.parking, ensure=False)
             publisher = await AsyncPublisher(self.settings, connection=connection).connect()
             settler = Settler(publisher, park_exchange, self.settings.confirm_timeout)
-            session = _Session(connection, channel, publisher, settler, lost)
+            session = _Session(connection, channel, publisher, settler, lost, tail)
             for destination, name in queues:
                 queue = await channel.get_queue(name, ensure=False)
                 spec = self.handlers[destination]
@@ -225,6 +231,35 @@ class RunningWorker:
             with contextlib.suppress(Exception):
                 await connection.close()
             raise
+
+    async def _follow_journal(
+        self, connection: AbstractConnection, lost: asyncio.Event
+    ) -> JournalTail | None:
+        """Read the journal's tombstones up to now before consuming, then follow it live.
+
+        So a cancel confirmed before this worker (re)started is honoured too. Losing the
+        journal's channel counts as losing the connection: cancels would go unseen.
+        """
+        if not self.layout.journal:
+            return None
+        tail = JournalTail(connection, self.layout, self.tombstones.add)
+        try:
+            await tail.start()
+            await asyncio.wait_for(tail.caught_up.wait(), self.settings.confirm_timeout)
+        except TopologyError as exc:
+            raise WorkerError(str(exc)) from None
+        except asyncio.TimeoutError:
+            raise aiormq.exceptions.AMQPConnectionError(
+                "the schedule journal was not read to its end in time"
+            ) from None
+        if tail.channel is not None:
+            tail.channel.close_callbacks.add(lambda *_: lost.set())
+        log.info(
+            "schedule journal read: %d record(s), %d cancelled id(s) pending",
+            tail.count,
+            len(self.tombstones),
+        )
+        return tail
 
     async def _check_queues(self, connection: AbstractConnection) -> list[tuple[str, str]]:
         """Passive checks only, so a user without configure permission can run workers."""
@@ -278,6 +313,9 @@ class RunningWorker:
     async def _close(self, session: _Session) -> None:
         with contextlib.suppress(Exception):
             await session.publisher.close()
+        if session.tail is not None:
+            with contextlib.suppress(Exception):
+                await session.tail.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(session.connection.close(), 5)
 
@@ -343,6 +381,12 @@ class RunningWorker:
     ) -> None:
         received = read_delivery(message)
         fields = {"destination": spec.destination, **received.fields}
+        if self._is_cancelled(received.message_id):
+            # cancelled through the journal: settle it without calling the handler
+            await message.ack()
+            log.info("cancelled", extra={**fields, "outcome": "cancelled"})
+            HANDLED.labels(spec.destination, "cancelled").inc()
+            return
         if received.lateness is not None:
             LATENESS.labels(spec.destination).observe(max(0.0, received.lateness.total_seconds()))
         log.debug("received", extra=fields)
@@ -363,6 +407,13 @@ class RunningWorker:
         fields["duration_ms"] = round(elapsed * 1000, 1)
         decision = decide(error, received.attempt, spec.policy, self._rng.random())
         await session.settler.settle(spec, message, received, decision, failure, fields)
+
+    def _is_cancelled(self, message_id: str) -> bool:
+        now_ms = time.time_ns() // 10**6
+        if now_ms - self._expired_at_ms > 60_000:  # forget tombstones past their time
+            self.tombstones.expire(now_ms)
+            self._expired_at_ms = now_ms
+        return self.tombstones.is_cancelled(message_id, now_ms)
 
     async def _call(
         self,
