@@ -1,0 +1,291 @@
+"""What the schedule journal costs and guarantees, measured side by side in one run.
+
+    python -m bench.journal                      # everything, the figures the README shows
+    python -m bench.journal --only rate,lead     # parts: rate, list, memory, lead
+
+- ``rate``: ``Publisher.publish_many`` with the journal on and off, alternating rounds into
+  two prefixes of the same layout; the median of each and their ratio.
+- ``list``: ``scheduled list`` (the Python call and the CLI) over N journal records.
+- ``memory``: a worker's bytes per tombstone (tracemalloc over :class:`Tombstones`).
+- ``lead``: the smallest lead, cancel confirmed to due time, at which a running worker
+  honoured every one of 1,000 cancels (batches of 1,000 messages due at one instant).
+
+Each part cleans up its prefixes. Results go to ``bench/results/journal.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pika
+
+from bench.common import DEFAULT_AMQP_URL, now_ms
+from rmqdelay import Publisher, Settings, TopologyManager, Worker
+from rmqdelay.amqp.journal import cancel, list_scheduled
+from rmqdelay.core.journal import JournalRecord, Tombstones
+
+RESULTS = Path(__file__).resolve().parent / "results" / "journal.json"
+BODY = b"x" * 100
+
+
+def _settings(url: str, tag: str, **extra: Any) -> Settings:
+    options: dict[str, Any] = {"max_delay": "2h", "connection_name": f"bench-{tag}", **extra}
+    return Settings(url=url, prefix=f"bench-journal-{tag}-{uuid.uuid4().hex[:6]}", **options)
+
+
+def _apply(settings: Settings, destinations: list[str]) -> None:
+    with TopologyManager(settings) as manager:
+        manager.apply(destinations)
+
+
+def _destroy(settings: Settings) -> None:
+    with TopologyManager(settings) as manager:
+        manager.destroy(force=True)
+
+
+# ------------------------------------------------------------------ rate
+
+
+def _publish_rate(settings: Settings, count: int) -> float:
+    requests = [
+        {"destination": "rate", "body": BODY, "delay": 600 + (i * 3000) % 3000}
+        for i in range(count)
+    ]
+    with Publisher(settings) as publisher:
+        started = time.perf_counter()
+        publisher.publish_many(requests)
+        return count / (time.perf_counter() - started)
+
+
+def measure_rate(url: str, count: int, repeats: int) -> dict[str, Any]:
+    on, off = _settings(url, "on"), _settings(url, "off", schedule_journal=False)
+    for s in (on, off):
+        _apply(s, ["rate"])
+    rates: dict[str, list[float]] = {"on": [], "off": []}
+    try:
+        _publish_rate(on, min(count, 2000))  # warm both paths once
+        _publish_rate(off, min(count, 2000))
+        for _ in range(repeats):
+            rates["off"].append(_publish_rate(off, count))
+            rates["on"].append(_publish_rate(on, count))
+    finally:
+        for s in (on, off):
+            _destroy(s)
+    result: dict[str, Any] = {
+        "count": count,
+        "repeats": repeats,
+        "on_msgs_per_s": statistics.median(rates["on"]),
+        "off_msgs_per_s": statistics.median(rates["off"]),
+        "runs": rates,
+    }
+    result["ratio"] = result["on_msgs_per_s"] / result["off_msgs_per_s"]
+    print(
+        f"rate: journal on {result['on_msgs_per_s']:,.0f} msgs/s, off "
+        f"{result['off_msgs_per_s']:,.0f} msgs/s, ratio {result['ratio']:.2f} "
+        f"(publish_many of {count}, median of {repeats})"
+    )
+    return result
+
+
+# ------------------------------------------------------------------ list
+
+
+def measure_list(url: str, records: int, repeats: int) -> dict[str, Any]:
+    settings = _settings(url, "list")
+    _apply(settings, ["listed"])
+    try:
+        with Publisher(settings) as publisher:
+            for base in range(0, records, 10_000):
+                n = min(10_000, records - base)
+                publisher.publish_many(
+                    {"destination": "listed", "body": BODY, "delay": 3600 + (i % 600)}
+                    for i in range(n)
+                )
+        python_s, cli_s = [], []
+        env = {
+            **os.environ,
+            "RMQDELAY_URL": settings.url,
+            "RMQDELAY_PREFIX": settings.prefix,
+            "RMQDELAY_MAX_DELAY": "2h",
+        }
+        rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))
+        for _ in range(repeats):
+            connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+            started = time.perf_counter()
+            found = list_scheduled(connection, settings.layout)
+            python_s.append(time.perf_counter() - started)
+            connection.close()
+            assert len(found) == records, f"listed {len(found)} of {records}"
+            started = time.perf_counter()
+            subprocess.run(
+                [rmqdelay, "scheduled", "list", "--json", "--limit", "10"],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            cli_s.append(time.perf_counter() - started)
+    finally:
+        _destroy(settings)
+    result = {
+        "records": records,
+        "python_s": statistics.median(python_s),
+        "cli_s": statistics.median(cli_s),
+    }
+    print(
+        f"list: {records:,} records read and folded in {result['python_s']:.2f} s "
+        f"(Python call), {result['cli_s']:.2f} s (CLI, start-up included), median of {repeats}"
+    )
+    return result
+
+
+# ------------------------------------------------------------------ memory
+
+
+def measure_memory(count: int) -> dict[str, Any]:
+    ids = [str(uuid.uuid4()) for _ in range(count)]  # ids made before, as a worker gets them
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    stones = Tombstones()
+    for i, message_id in enumerate(ids):
+        stones.add(JournalRecord("cancelled", message_id, "d", 10**12 + i))
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    result = {"tombstones": count, "bytes_per_tombstone": grown / count}
+    print(
+        f"memory: {result['bytes_per_tombstone']:.0f} bytes per tombstone in a worker "
+        f"({count:,} tombstones, uuid ids; the id strings themselves not counted)"
+    )
+    return result
+
+
+# ------------------------------------------------------------------ lead
+
+
+def _cancel_trial(settings: Settings, app_calls: list[str], lead_ms: int, n: int) -> dict[str, Any]:
+    """Publish ``n`` messages due at one instant; cancel them all ``lead_ms`` before."""
+    app_calls.clear()
+    due = datetime.now(timezone.utc) + timedelta(seconds=3)
+    with Publisher(settings) as publisher:
+        sent = publisher.publish_many(
+            {"destination": "lead", "body": BODY, "at": due} for _ in range(n)
+        )
+    ids = [r.message_id for r in sent]
+    due_ms = sent[0].due_at_ms
+    # start the cancel so that it is confirmed about lead_ms before the due time: a cancel
+    # of n ids takes a while itself, so measure it once and start that much earlier
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    try:
+        start_at = due_ms - lead_ms - _cancel_cost_ms.get(n, 0)
+        time.sleep(max(0.0, (start_at - now_ms()) / 1000))
+        started = now_ms()
+        results = cancel(connection, settings.layout, ids)
+        confirmed = now_ms()
+    finally:
+        connection.close()
+    _cancel_cost_ms[n] = confirmed - started
+    time.sleep(max(0.0, (due_ms - now_ms()) / 1000) + 2.0)
+    called = len(set(app_calls) & set(ids))
+    outcome = {
+        "target_lead_ms": lead_ms,
+        "lead_ms": due_ms - confirmed,
+        "cancelled": sum(r.outcome == "cancelled" for r in results),
+        "honoured": n - called,
+        "messages": n,
+    }
+    print(
+        f"lead: cancel confirmed {outcome['lead_ms']} ms before the due time: "
+        f"{outcome['honoured']} of {n} honoured"
+    )
+    return outcome
+
+
+_cancel_cost_ms: dict[int, int] = {}
+
+
+def measure_lead(url: str, leads: list[int], n: int) -> dict[str, Any]:
+    settings = _settings(url, "lead")
+    _apply(settings, ["lead"])
+    calls: list[str] = []
+    app = Worker(settings)
+
+    @app.handler("lead")
+    def handle(body: bytes, ctx: Any) -> None:
+        calls.append(ctx.message_id)
+
+    loop = asyncio.new_event_loop()
+    runner = app.runner(settings, concurrency=16, prefetch=500)
+    thread = threading.Thread(target=loop.run_until_complete, args=(runner.run(),), daemon=True)
+    thread.start()
+    trials = []
+    try:
+        deadline = time.monotonic() + 30
+        while not runner.ready.is_set() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _cancel_trial(settings, calls, 1000, n)  # calibrates the cost of a cancel of n ids
+        for lead in leads:
+            trials.append(_cancel_trial(settings, calls, lead, n))
+    finally:
+        loop.call_soon_threadsafe(runner.stop)
+        thread.join(30)
+        _destroy(settings)
+    honoured_all = [t["lead_ms"] for t in trials if t["honoured"] == t["messages"]]
+    failed = [t["lead_ms"] for t in trials if t["honoured"] < t["messages"]]
+    smallest = min(honoured_all) if honoured_all else None
+    result = {
+        "messages": n,
+        "trials": trials,
+        "smallest_lead_all_honoured_ms": smallest,
+        "largest_lead_with_a_miss_ms": max(failed) if failed else None,
+    }
+    print(
+        f"lead: smallest measured lead with {n} of {n} honoured: {smallest} ms; "
+        f"largest lead with a miss: {result['largest_lead_with_a_miss_ms']} ms"
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=DEFAULT_AMQP_URL)
+    parser.add_argument("--only", default="rate,list,memory,lead")
+    parser.add_argument("--count", type=int, default=20_000, help="messages per rate round")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--records", type=int, default=100_000, help="journal records to list")
+    parser.add_argument("--tombstones", type=int, default=100_000)
+    parser.add_argument("--leads", default="500,200,100,50,20,10,5", help="target leads, ms")
+    parser.add_argument("--lead-messages", type=int, default=1000)
+    args = parser.parse_args(argv)
+    parts = set(args.only.split(","))
+    results: dict[str, Any] = {"when": datetime.now(timezone.utc).isoformat()}
+    if RESULTS.exists():
+        results = {**json.loads(RESULTS.read_text()), **results}
+    if "rate" in parts:
+        results["rate"] = measure_rate(args.url, args.count, args.repeats)
+    if "list" in parts:
+        results["list"] = measure_list(args.url, args.records, args.repeats)
+    if "memory" in parts:
+        results["memory"] = measure_memory(args.tombstones)
+    if "lead" in parts:
+        leads = [int(x) for x in args.leads.split(",")]
+        results["lead"] = measure_lead(args.url, leads, args.lead_messages)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {RESULTS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
