@@ -5,6 +5,7 @@ Durations are stored as whole milliseconds, because RabbitMQ TTLs are.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -41,13 +42,32 @@ def _to_ms(value: Any) -> Any:
     return value
 
 
+def _join_urls(value: Any) -> Any:
+    """Several broker addresses: a list (TOML, or JSON in the environment) or commas."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError("url looks like a JSON list but is not valid JSON") from None
+    if isinstance(value, (list, tuple)):
+        if not value or not all(isinstance(v, str) for v in value):
+            raise ValueError("url must be one AMQP URL or a non-empty list of them")
+        return ",".join(v.strip() for v in value)
+    return value
+
+
+Urls = Annotated[str, BeforeValidator(_join_urls)]
+"""One AMQP URL, or several (a cluster's nodes) joined by commas."""
+
 Milliseconds = Annotated[int, BeforeValidator(_to_ms)]
 """Whole milliseconds, given as ``"10ms"``, seconds, or a timedelta."""
 _TEN_MS: Any = "10ms"
 
 
 def mask_url(url: str) -> str:
-    """Hide the password of an AMQP URL, for logs and messages."""
+    """Hide the password of an AMQP URL, or of each URL of a comma-separated list."""
+    if "," in url:
+        return ",".join(mask_url(part) for part in url.split(","))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -64,8 +84,11 @@ class Settings(BaseSettings):
         env_prefix="RMQDELAY_", extra="forbid", validate_default=True, frozen=True
     )
 
-    url: str = Field("amqp://guest:guest@localhost:5672/%2F", repr=False)
-    """AMQP URL; ``amqps://`` for TLS. Shown only masked."""
+    url: Urls = Field("amqp://guest:guest@localhost:5672/%2F", repr=False)
+    """AMQP URL; ``amqps://`` for TLS. Several (a cluster's nodes): a list, or commas.
+    Clients try them in ``url_order`` at every connect and reconnect. Shown only masked."""
+    url_order: Literal["ordered", "shuffled"] = "ordered"
+    """``shuffled`` spreads clients over the nodes; ``ordered`` prefers the first."""
     management_url: str | None = Field(None, repr=False)
     """Management API; default ``http(s)://<AMQP host>:15672``. Its credentials, if any,
     win over the AMQP URL's. Shown only masked."""
@@ -77,6 +100,11 @@ class Settings(BaseSettings):
     named_tiers: list[Milliseconds] = Field(default_factory=list)
     queue_type: Literal["quorum", "classic"] = "quorum"
     delivery_limit: int = Field(20, ge=1)
+    queue_leader_locator: Literal["balanced", "client-local", "none"] = "balanced"
+    """Where a new quorum queue's leader goes: ``balanced`` spreads them over the
+    cluster's nodes; ``none`` declares no locator (as rmqdelay 0.1 did)."""
+    quorum_group_size: int | None = Field(None, ge=1)
+    """Replicas of each new quorum queue (``x-quorum-initial-group-size``); default: all."""
     schedule_journal: bool = True
     """Record every publish and cancel in the ``{prefix}.schedule`` stream: needed by
     ``scheduled list`` and ``cancel``; off saves one small write per publish."""
@@ -161,7 +189,16 @@ class Settings(BaseSettings):
             queue_type=self.queue_type,
             delivery_limit=self.delivery_limit,
             journal=self.schedule_journal,
+            leader_locator=None
+            if self.queue_leader_locator == "none"
+            else self.queue_leader_locator,
+            quorum_group_size=self.quorum_group_size,
         )
+
+    @property
+    def urls(self) -> list[str]:
+        """Each broker address, in the order given."""
+        return [u.strip() for u in self.url.split(",") if u.strip()]
 
     @property
     def masked_url(self) -> str:

@@ -10,13 +10,20 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Any, Literal
 
 import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from ..core.topology import Binding, Exchange, Queue, Topology, build_topology
+from ..core.topology import (
+    PLACEMENT_ARGUMENTS,
+    Binding,
+    Exchange,
+    Queue,
+    Topology,
+    build_topology,
+)
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
 from .connections import connect_blocking
@@ -39,6 +46,12 @@ class ObjectState:
     detail: str = ""
 
 
+PLACEMENT_NOTE = (
+    "declared before leader placement was set: kept where it is "
+    "(`rabbitmq-queues rebalance quorum` spreads existing leaders)"
+)
+
+
 def _binding_name(b: Binding) -> str:
     return f"{b.source} -> {b.destination} [{b.routing_key}]"
 
@@ -57,6 +70,8 @@ class TopologyManager:
         self.management = ManagementApi.for_settings(settings)
         self._management_checked = False
         self._management_problem: str | None = None
+        self.placement_kept: list[str] = []
+        """Existing queues whose leader placement arguments differ (see ``_declare``)."""
 
     def __enter__(self) -> TopologyManager:
         return self
@@ -105,11 +120,18 @@ class TopologyManager:
                 ) from None
             raise
 
-    def _declare(self, obj: Exchange | Queue) -> None:
-        """Declare with the wanted arguments; raise TopologyConflictError if they differ."""
+    def _declare(self, obj: Exchange | Queue, arguments: dict[str, Any] | None = None) -> None:
+        """Declare with the wanted arguments; raise TopologyConflictError if they differ.
+
+        A queue declared before leader placement was set differs only in where its
+        replicas went, which RabbitMQ cannot change in place and which does not matter to
+        routing: it is kept as it is (and named in :attr:`placement_kept`), checked again
+        without that argument, so any other difference still stops ``apply``.
+        """
+        args = dict(obj.arguments) if arguments is None else arguments
         try:
             if isinstance(obj, Queue):
-                self._chan().queue_declare(obj.name, durable=True, arguments=dict(obj.arguments))
+                self._chan().queue_declare(obj.name, durable=True, arguments=args)
             else:
                 self._chan().exchange_declare(
                     obj.name, obj.type, durable=True, arguments=dict(obj.arguments)
@@ -117,6 +139,17 @@ class TopologyManager:
         except pika.exceptions.ChannelClosedByBroker as exc:
             self._channel = None
             match = _INEQUIVALENT.search(exc.reply_text)
+            if (
+                exc.reply_code == 406
+                and match
+                and isinstance(obj, Queue)
+                and match["arg"] in PLACEMENT_ARGUMENTS
+                and match["arg"] in args
+            ):
+                if obj.name not in self.placement_kept:
+                    self.placement_kept.append(obj.name)
+                del args[match["arg"]]
+                return self._declare(obj, args)
             if exc.reply_code == 406 and match:
                 raise TopologyConflictError(
                     match["kind"], match["name"], match["arg"], match["found"], match["wanted"]
@@ -190,7 +223,8 @@ class TopologyManager:
                 continue
             try:  # an identical declare of an existing object is a no-op
                 self._declare(obj)
-                states.append(ObjectState(kind, obj.name, "ok"))
+                note = PLACEMENT_NOTE if obj.name in self.placement_kept else ""
+                states.append(ObjectState(kind, obj.name, "ok", note))
             except TopologyConflictError as exc:
                 detail = f"{exc.argument}: found {exc.found}, wanted {exc.wanted}"
                 states.append(ObjectState(kind, obj.name, "differs", detail))

@@ -22,9 +22,12 @@ from ..settings import Settings, load_settings
 __all__ = ["ConfigOpt", "PrefixOpt", "UrlOpt", "err", "friendly_errors", "settings_from"]
 
 UrlOpt = Annotated[
-    str | None,
+    list[str] | None,
     typer.Option(
-        "--url", help="AMQP URL (amqps:// for TLS). Env: RMQDELAY_URL.", show_default=False
+        "--url",
+        help="AMQP URL (amqps:// for TLS); repeat it, or use commas, for a cluster's nodes. "
+        "Env: RMQDELAY_URL.",
+        show_default=False,
     ),
 ]
 PrefixOpt = Annotated[
@@ -44,9 +47,10 @@ R = TypeVar("R")
 
 
 def settings_from(
-    url: str | None, prefix: str | None, config: Path | None, **extra: Any
+    url: list[str] | None, prefix: str | None, config: Path | None, **extra: Any
 ) -> Settings:
-    return load_settings(config, url=url, prefix=prefix, **extra)
+    """Settings from the shared flags; ``--url`` given more than once lists the nodes."""
+    return load_settings(config, url=",".join(url) if url else None, prefix=prefix, **extra)
 
 
 def _validation_text(exc: ValidationError) -> str:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..amqp.topology_manager import TopologyManager
+from ..amqp.topology_manager import PLACEMENT_NOTE, TopologyManager
 from ..settings import Settings
 from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
 
@@ -94,6 +94,8 @@ def apply(
         f"and {len(topology.bindings)} bindings on {settings.masked_url}"
         + (f"; work queues: {', '.join(work)}" if work else "")
     )
+    if manager.placement_kept:
+        out.print(f"note: {len(manager.placement_kept)} existing queue(s) were {PLACEMENT_NOTE}")
 
 
 @app.command(

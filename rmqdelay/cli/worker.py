@@ -92,7 +92,9 @@ def load_worker(path: str) -> Worker:
     return target
 
 
-def _worker_settings(worker: Worker, url: str | None, prefix: str | None, config: Any) -> Settings:
+def _worker_settings(
+    worker: Worker, url: list[str] | None, prefix: str | None, config: Any
+) -> Settings:
     if worker._settings is None:
         return settings_from(url, prefix, config)
     given = [flag for flag, v in (("--url", url), ("--prefix", prefix), ("--config", config)) if v]
@@ -210,7 +212,7 @@ def _run_worker(
     log_format: str,
     shutdown_timeout: float,
     metrics_port: int | None,
-    url: str | None,
+    url: list[str] | None,
     prefix: str | None,
     config: Any,
 ) -> int | None:

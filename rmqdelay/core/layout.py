@@ -66,6 +66,9 @@ class Layout:
     delivery_limit: int = 20
     journal: bool = True
     """Whether the schedule journal (a stream, :mod:`rmqdelay.core.journal`) is kept."""
+    leader_locator: str | None = "balanced"
+    """``x-queue-leader-locator`` of quorum queues; None declares none."""
+    quorum_group_size: int | None = None
 
     @property
     def named(self) -> tuple[Position, ...]:
@@ -111,6 +114,8 @@ class Layout:
         queue_type: Literal["quorum", "classic"] = "quorum",
         delivery_limit: int = 20,
         journal: bool = True,
+        leader_locator: str | None = "balanced",
+        quorum_group_size: int | None = None,
     ) -> Layout:
         """Derive the positions and check every limit that needs more than one value.
 
@@ -187,6 +192,8 @@ class Layout:
             queue_type=queue_type,
             delivery_limit=delivery_limit,
             journal=journal,
+            leader_locator=leader_locator,
+            quorum_group_size=quorum_group_size,
         )
 
 

@@ -59,8 +59,19 @@ class Topology:
         return next(q for q in self.queues if q.name == name)
 
 
-def _queue_arguments(queue_type: str, dead_letter_exchange: str | None) -> dict[str, Any]:
+PLACEMENT_ARGUMENTS = ("x-queue-leader-locator", "x-quorum-initial-group-size")
+"""Arguments that only say where a new queue's replicas go; see ``TopologyManager.apply``."""
+
+
+def _queue_arguments(
+    layout: Layout, queue_type: str, dead_letter_exchange: str | None
+) -> dict[str, Any]:
     args: dict[str, Any] = {"x-queue-type": queue_type}
+    if queue_type == "quorum":
+        if layout.leader_locator is not None:
+            args["x-queue-leader-locator"] = layout.leader_locator
+        if layout.quorum_group_size is not None:
+            args["x-quorum-initial-group-size"] = layout.quorum_group_size
     if dead_letter_exchange is not None:
         args["x-dead-letter-exchange"] = dead_letter_exchange
         if queue_type == "quorum":
@@ -83,11 +94,11 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
         Exchange(layout.delivery_exchange, "topic", {"alternate-exchange": layout.parking}),
         *(Exchange(p.exchange, "topic") for p in layout.positions),
     ]
-    queues = [Queue(layout.parking, "parking", {"x-queue-type": queue_type})]
+    queues = [Queue(layout.parking, "parking", _queue_arguments(layout, queue_type, None))]
     bindings = [Binding(layout.parking, layout.parking, "queue", "")]
     for position in layout.positions:
         for tier in position.tiers:
-            args = _queue_arguments(queue_type, position.exchange)
+            args = _queue_arguments(layout, queue_type, position.exchange)
             args["x-message-ttl"] = tier.ttl_ms
             queues.append(Queue(tier.queue, "tier", args))
             # publishers enter the tiers through the first tier's own fanout
@@ -116,7 +127,7 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
     for destination in dict.fromkeys(destinations):
         validate_destination(layout, destination)
         work = layout.work_queue(destination)
-        args = _queue_arguments(queue_type, layout.parking)
+        args = _queue_arguments(layout, queue_type, layout.parking)
         if queue_type == "quorum":
             args["x-delivery-limit"] = layout.delivery_limit
         queues.append(Queue(work, "work", args))
