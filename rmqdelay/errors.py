@@ -6,12 +6,14 @@ A caller can catch the base class, or one cause: each message names what to fix.
 from __future__ import annotations
 
 __all__ = [
+    "AccessRefusedError",
     "BatchPublishError",
     "ConfigurationError",
     "ConnectionFailedError",
     "DelayError",
     "InvalidBodyError",
     "InvalidDestinationError",
+    "InvalidMessageError",
     "JournalError",
     "PublishError",
     "PublishNackedError",
@@ -45,8 +47,28 @@ class InvalidDestinationError(RmqDelayError, ValueError):
     """A destination name that cannot become a queue name and a routing key."""
 
 
+class InvalidMessageError(RmqDelayError, ValueError):
+    """A message AMQP cannot carry as given: a header, a property or its size.
+
+    Raised before anything is sent, by both publishers alike; ``field`` names what to
+    fix (``"correlation_id"``, ``"headers['k']"``) and ``reason`` the limit it breaks.
+    """
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason = field, reason
+        super().__init__(f"{field} {reason}")
+
+
 class UnknownDestinationError(RmqDelayError):
     """The destination's work queue does not exist; run `rmqdelay topology apply`."""
+
+
+class AccessRefusedError(RmqDelayError):
+    """The broker refused this user access to a queue (403): a permission to grant."""
+
+    def __init__(self, queue: str, detail: str) -> None:
+        self.queue, self.detail = queue, detail
+        super().__init__(f"access to queue {queue!r} refused ({detail})")
 
 
 class PublishError(RmqDelayError):

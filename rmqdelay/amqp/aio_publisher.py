@@ -1,147 +1,232 @@
-"""The asyncio publisher, on aio-pika. Thin: the planning lives in :mod:`publishing`."""
+"""The asyncio publisher, on aio-pika. Thin: the checks and flows live in :mod:`..core.outgoing`.
+
+Every wait has a deadline, and a dropped connection this publisher opened is reopened
+by the next publish (not by aio-pika's robust connection, which reconnects on its own
+schedule and meanwhile fails calls with a bare RuntimeError).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Iterable, Mapping
-from types import TracebackType
-from typing import Any
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
-from typing_extensions import Unpack
 
 from ..core.outgoing import (
-    Outgoing,
+    CheckQueue,
+    Flow,
+    Outcome,
     Prepared,
-    PublisherCore,
-    PublishOptions,
     PublishResult,
-    gather_results,
+    Send,
+    Steps,
 )
-from ..errors import (
-    PublisherClosedError,
-    PublishError,
-    UnroutableError,
-)
-from ..settings import Settings
+from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from .connections import connect_async
+from .passive import queue_exists_async
+from .publishing import PublisherSurface
 
-__all__ = ["AsyncPublisher"]
+__all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
+
+T = TypeVar("T")
+_LOST = (
+    aiormq.exceptions.ChannelInvalidStateError,
+    aiormq.exceptions.ConnectionClosed,
+    aiormq.exceptions.ChannelClosed,
+    ConnectionError,
+    RuntimeError,  # aio-pika: "<Connection> closed"
+)
+"""What aio-pika and aiormq raise when the connection or channel went away."""
 
 
-class AsyncPublisher:
+class EncodedProperties(Basic.Properties):
+    """pamqp's properties object sending the bytes rmqdelay encoded (:mod:`..core.wire`).
+
+    ``message_id`` stays an attribute: aiormq matches a basic.return to its publish by it.
+    """
+
+    def __init__(self, encoded: bytes, message_id: str) -> None:
+        super().__init__(message_id=message_id)
+        self._encoded = encoded
+
+    def marshal(self) -> bytes:
+        return self._encoded
+
+
+async def send_encoded(
+    channel: AbstractChannel,
+    body: bytes,
+    properties: EncodedProperties,
+    *,
+    exchange: str,
+    routing_key: str,
+    timeout: float,
+) -> None:
+    """basic.publish, mandatory, on a confirm channel; wait for the confirm or raise.
+
+    aio-pika's own transport, without a Message and Exchange object per publish.
+    """
+    underlay = await channel.get_underlay_channel()
+    await underlay.basic_publish(
+        body,
+        exchange=exchange,
+        routing_key=routing_key,
+        properties=properties,
+        mandatory=True,
+        timeout=timeout,
+        **_NO_DRAIN,
+    )
+
+
+class AsyncPublisher(
+    PublisherSurface[
+        AbstractConnection,
+        Coroutine[Any, Any, PublishResult],
+        Coroutine[Any, Any, list[PublishResult]],
+        Coroutine[Any, Any, None],
+    ]
+):
     """Publish delayed messages with confirms, from asyncio code.
 
     ``async with AsyncPublisher(settings) as publisher: await publisher.publish(...)``
     """
 
-    def __init__(
-        self,
-        settings: Settings | None = None,
-        *,
-        connection: AbstractConnection | None = None,
-        window: int = 1000,
-    ) -> None:
-        self.settings = settings or Settings()
-        self.core = PublisherCore(self.settings.layout)
-        self._connection = connection
-        self._owns_connection = connection is None
-        self._channel: AbstractChannel | None = None
-        self._window = window
+    _channel: AbstractChannel | None = None
+    _opening: asyncio.Lock | None = None
 
     async def connect(self) -> AsyncPublisher:
-        if self._connection is None:
-            self._connection = await connect_async(self.settings, "pub", robust=True)
-        await self._ensure_channel()
+        """Open the connection (unless given one) and the confirm channel."""
+        self._started = True
+        await self._confirm_channel()
         return self
 
     async def close(self) -> None:
-        if self._channel is not None and not self._channel.is_closed:
-            await self._channel.close()
-        if self._owns_connection and self._connection is not None:
-            await self._connection.close()
+        """Close the channel, and the connection if this publisher opened it; bounded."""
+        self._started = False
+        channel, self._channel = self._channel, None
+        connection = self._connection
+        if self._owns_connection:
             self._connection = None
+            if connection is not None and not connection.is_closed:
+                await self._quietly(connection.close())
+        elif channel is not None and not channel.is_closed:
+            await self._quietly(channel.close())
+
+    async def _quietly(self, closing: Awaitable[Any]) -> None:
+        try:
+            await asyncio.wait_for(closing, self.settings.confirm_timeout)
+        except (asyncio.TimeoutError, aiormq.exceptions.AMQPError, *_LOST):
+            pass  # gone, or going: nothing more to wait for
 
     async def __aenter__(self) -> AsyncPublisher:
         return await self.connect()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _ensure_channel(self) -> AbstractChannel:
-        if self._connection is None or self._connection.is_closed:
-            raise PublisherClosedError("the publisher is not connected: call connect() first")
-        if self._channel is None or self._channel.is_closed:
-            self._channel = await self._connection.channel(
-                publisher_confirms=True, on_return_raises=True
-            )
-        return self._channel
+    # ------------------------------------------------------------------ connection
 
-    async def check_destination(self, destination: str) -> None:
-        """Raise UnknownDestinationError unless the work queue exists (passive, cached)."""
-        if destination in self.core.known_destinations:
-            return
-        if self._connection is None:
-            raise PublisherClosedError("the publisher is not connected: call connect() first")
-        queue = self.core.layout.work_queue(destination)
+    def _on_connection_closed(self, _sender: object, exc: BaseException | None = None) -> None:
+        self._lost = exc or "closed"
+
+    async def _open_connection(self) -> AbstractConnection:
+        connection = await connect_async(self.settings, "pub")
+        connection.close_callbacks.add(self._on_connection_closed)
+        self._connection = connection
+        return connection
+
+    async def _live_connection(self) -> AbstractConnection:
+        """The open connection: reopened (bounded attempts) if it dropped and is ours."""
+        if not self._started:
+            raise self.core.not_connected()
+        connection = self._connection
+        if connection is None:
+            return await self._open_connection()
+        if not connection.is_closed:
+            return connection
+        self._channel = None
+        failures: list[Exception] = []
+        for pause in self._reconnect_pauses(failures):
+            await asyncio.sleep(pause)
+            try:
+                return await self._open_connection()
+            except ConnectionFailedError as exc:
+                failures.append(exc)
+        raise AssertionError("unreachable: the pauses end by raising")
+
+    async def _confirm_channel(self) -> AbstractChannel:
+        channel = self._channel
+        if channel is not None and not channel.is_closed:
+            return channel
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # one reconnect and one channel for concurrent publishes
+            channel = self._channel
+            if channel is not None and not channel.is_closed:
+                return channel
+            connection = await self._live_connection()
+            try:
+                opened: AbstractChannel = await asyncio.wait_for(
+                    connection.channel(publisher_confirms=True, on_return_raises=True),
+                    self.settings.confirm_timeout,
+                )
+            except (asyncio.TimeoutError, *_LOST) as exc:
+                raise PublisherClosedError(f"cannot open a channel: {exc!r}") from None
+            self._channel = opened
+            return opened
+
+    # ------------------------------------------------------------------ steps
+
+    async def _run(self, flow: Flow[T]) -> T:
+        steps = Steps(flow)
+        step = steps.next()
+        while step is not None:
+            step = steps.next(await self._do(step))
+        return cast(T, steps.value)
+
+    async def _do(self, step: CheckQueue | Send) -> object:
+        if isinstance(step, CheckQueue):
+            return await self._queue_exists(step.queue)
+        return await self._send(step.batch)
+
+    async def _queue_exists(self, queue: str) -> bool:
+        connection = await self._live_connection()
         try:
-            async with self._connection.channel(publisher_confirms=False) as probe:
-                await probe.declare_queue(queue, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            raise self.core.unknown_destination(destination) from None
-        self.core.known_destinations.add(destination)
+            return await queue_exists_async(connection, queue, self.settings.confirm_timeout)
+        except (TimeoutError, asyncio.TimeoutError, *_LOST) as exc:
+            raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
 
-    async def publish(
-        self, destination: str, body: object, **options: Unpack[PublishOptions]
-    ) -> PublishResult:
-        """Publish one message and wait for the broker's confirm.
+    async def _send(self, batch: list[Prepared]) -> list[Outcome]:
+        if len(batch) == 1:  # no gather for a lone message
+            return [await self._outcome(batch[0])]
+        outcomes: list[Outcome] = []
+        for start in range(0, len(batch), self._window):
+            chunk = batch[start : start + self._window]
+            outcomes += await asyncio.gather(*(self._outcome(p) for p in chunk))
+        return outcomes
 
-        ``options``: ``delay`` or ``at``, ``headers``, ``message_id``, and the AMQP
-        properties ``correlation_id``, ``content_type``, ``content_encoding``,
-        ``priority``, ``reply_to``, ``type`` and ``app_id`` (see :class:`PublishOptions`).
-        """
-        prepared = self.core.prepare(destination, body, **options)
-        await self.check_destination(destination)
-        return await self.send(prepared)
-
-    async def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
-        """Publish many messages with pipelined confirms; each request holds publish's args.
-
-        Everything is validated before the first message is sent.
-        """
-        prepared = [self.core.prepare(**request) for request in requests]
-        for destination in dict.fromkeys(p.destination for p in prepared):
-            await self.check_destination(destination)
-        order = self.core.send_order(prepared)
-        outcomes: list[PublishResult | BaseException] = []
-        for start in range(0, len(order), self._window):
-            chunk = [prepared[i] for i in order[start : start + self._window]]
-            outcomes += await asyncio.gather(*(self.send(p) for p in chunk), return_exceptions=True)
-        return gather_results(prepared, outcomes, order)
+    async def _outcome(self, prepared: Prepared) -> Outcome:
+        try:
+            return await self.send(prepared)
+        except Exception as exc:
+            return exc
 
     async def send(self, prepared: Prepared) -> PublishResult:
         """Route a prepared message now, send it, and wait for its confirm."""
-        channel = await self._ensure_channel()
+        channel = await self._confirm_channel()
         out = self.core.finalize(prepared)
         try:
-            # aio-pika's own transport, without a Message and Exchange object per publish
-            underlay = await channel.get_underlay_channel()
-            await underlay.basic_publish(
-                out.prepared.body,
+            await send_encoded(
+                channel,
+                prepared.body,
+                EncodedProperties(prepared.encoded_properties, prepared.message_id),
                 exchange=out.exchange,
                 routing_key=out.routing_key,
-                properties=_properties(out),
-                mandatory=True,
                 timeout=self.settings.confirm_timeout,
-                **_NO_DRAIN,
             )
         except aiormq.exceptions.PublishError as exc:
             reason = str(getattr(exc.frame, "reply_text", "NO_ROUTE"))
@@ -151,25 +236,12 @@ class AsyncPublisher:
                 raise self.core.nacked(out) from None
             raise PublishError(f"message {out.message_id} was not confirmed: {exc}") from None
         except aiormq.exceptions.ChannelNotFoundEntity as exc:
-            raise UnroutableError(
-                f"message {out.message_id} was not sent: {exc.args[-1] if exc.args else exc}"
-                "; run `rmqdelay topology apply`"
-            ) from None
-        except (
-            aiormq.exceptions.ChannelInvalidStateError,
-            aiormq.exceptions.ConnectionClosed,
-            aiormq.exceptions.ChannelClosed,
-            ConnectionError,
-        ) as exc:
-            raise PublisherClosedError(
-                f"the connection closed before message {out.message_id} was confirmed ({exc})"
-                "; it may or may not have been delivered: publish it again"
-            ) from None
+            raise self.core.no_exchange(out, str(exc.args[-1] if exc.args else exc)) from None
+        except _LOST as exc:
+            self._lost = exc
+            raise self.core.unconfirmed(out.message_id, exc) from None
         except asyncio.TimeoutError:
-            raise PublishError(
-                f"no confirm for message {out.message_id} within "
-                f"{self.settings.confirm_timeout}s; publish it again"
-            ) from None
+            raise self.core.no_confirm(out.message_id, self.settings.confirm_timeout) from None
         return PublishResult.of(out)
 
 
@@ -185,18 +257,3 @@ def _no_drain() -> dict[str, Any]:
 
 
 _NO_DRAIN = _no_drain()
-
-
-def _properties(out: Outgoing) -> Basic.Properties:
-    return Basic.Properties(
-        content_type=out.prepared.content_type,
-        delivery_mode=2,  # persistent
-        headers=out.headers,
-        message_id=out.message_id,
-        correlation_id=out.prepared.correlation_id,
-        content_encoding=out.prepared.content_encoding,
-        priority=out.prepared.priority,
-        reply_to=out.prepared.reply_to,
-        message_type=out.prepared.type,
-        app_id=out.prepared.app_id,
-    )

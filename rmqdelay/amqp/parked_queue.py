@@ -7,20 +7,21 @@ message back, so ``list`` changes nothing but the messages' redelivered flag.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from types import TracebackType
 
-import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
-from ..core.parking import ParkedMessage, kept_properties, read_parked, replay_headers
+from ..core.messages import carried_properties
+from ..core.parking import ParkedMessage, read_parked, replay_headers
 from ..errors import PublishError, TopologyError, UnknownDestinationError
 from ..settings import Settings
 from .aio_publisher import AsyncPublisher
 from .connections import connect_async
+from .passive import ready_messages_async
 
 __all__ = ["ParkedQueue", "ReplayReport"]
 
@@ -48,12 +49,7 @@ class ParkedQueue:
         self._connection = await connect_async(self.settings, "parked")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         if self._connection is not None:
             await self._connection.close()
             self._connection = None
@@ -61,16 +57,18 @@ class ParkedQueue:
     async def _open(self) -> tuple[AbstractChannel, AbstractQueue, int]:
         if self._connection is None:
             raise RuntimeError("use `async with ParkedQueue(settings)`")
-        channel = await self._connection.channel(publisher_confirms=False)
-        try:
-            queue = await channel.declare_queue(self.layout.parking, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+        timeout = self.settings.confirm_timeout
+        total = await ready_messages_async(self._connection, self.layout.parking, timeout)
+        if total is None:
             raise TopologyError(
                 f"parking queue {self.layout.parking!r} does not exist: run "
                 "`rmqdelay topology apply` (or check --prefix)"
-            ) from None
-        result = queue.declaration_result
-        return channel, queue, int(result.message_count or 0) if result else 0
+            )
+        channel = await asyncio.wait_for(
+            self._connection.channel(publisher_confirms=False), timeout
+        )
+        queue = await channel.get_queue(self.layout.parking, ensure=False)
+        return channel, queue, total
 
     async def count(self) -> int:
         channel, _queue, total = await self._open()
@@ -137,7 +135,7 @@ class ParkedQueue:
                         delay=delay,
                         headers=replay_headers(message.headers),
                         message_id=message.message_id or str(uuid.uuid4()),
-                        **kept_properties(message),
+                        **carried_properties(message),
                     )
                 except (UnknownDestinationError, PublishError) as exc:
                     report.skipped.append((parked.message_id, str(exc)))

@@ -1,243 +1,268 @@
-"""The synchronous publisher, on pika. Thin: the planning lives in :mod:`publishing`.
+"""The synchronous publisher, on pika. Thin: the checks and flows live in :mod:`..core.outgoing`.
 
 pika's BlockingChannel waits one round trip per confirmed publish. To pipeline,
 this publisher tracks delivery tags itself on the underlying channel: it sends a
-window of messages, then pumps the connection until their confirms arrive.
+window of messages, then pumps the connection until their confirms arrive. Every wait
+has a deadline (:mod:`.blocking`), and a dropped connection it opened is reopened by
+the next publish.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import pika
 import pika.channel
 import pika.exceptions
 import pika.frame
 import pika.spec
-from pika.adapters.blocking_connection import BlockingChannel
-from typing_extensions import Unpack
 
 from ..core.outgoing import (
+    CheckQueue,
+    Flow,
+    Outcome,
     Outgoing,
     Prepared,
-    PublisherCore,
-    PublishOptions,
     PublishResult,
-    gather_results,
+    Send,
+    Steps,
 )
-from ..errors import PublisherClosedError, PublishError, UnroutableError
-from ..settings import Settings
+from ..errors import ConnectionFailedError, PublisherClosedError
+from .blocking import close_connection, open_channel, poll_once, wait_until
 from .connections import connect_blocking
+from .passive import queue_exists
+from .publishing import PublisherSurface
 
-__all__ = ["Publisher"]
+__all__ = ["Publisher", "pika_properties"]
 
+T = TypeVar("T")
 _FLUSH_EVERY = 64
+_LOST = (pika.exceptions.AMQPError, OSError)
+"""What pika raises when the connection or channel goes away (TimeoutError included)."""
 
 
-class Publisher:
+class _Encoded(pika.BasicProperties):
+    """pika's properties object sending the bytes rmqdelay encoded (:mod:`..core.wire`)."""
+
+    def __init__(self, encoded: bytes, message_id: str) -> None:
+        super().__init__(message_id=message_id)
+        self._encoded = encoded
+
+    def encode(self) -> list[bytes]:
+        return [self._encoded]
+
+
+def pika_properties(prepared: Prepared) -> pika.BasicProperties:
+    """The converter to pika: the same bytes the async publisher sends."""
+    return _Encoded(prepared.encoded_properties, prepared.message_id)
+
+
+class Publisher(
+    PublisherSurface[pika.BlockingConnection, PublishResult, list[PublishResult], None]
+):
     """Publish delayed messages with confirms, from synchronous code.
 
     ``with Publisher(settings) as publisher: publisher.publish("orders", body, delay="15m")``
     """
 
-    def __init__(
-        self,
-        settings: Settings | None = None,
-        *,
-        connection: pika.BlockingConnection | None = None,
-        window: int = 1000,
-    ) -> None:
-        self.settings = settings or Settings()
-        self.core = PublisherCore(self.settings.layout)
-        self._connection = connection
-        self._owns_connection = connection is None
-        self._channel: BlockingChannel | None = None
-        self._impl: pika.channel.Channel | None = None
-        self._window = window
-        self._next_tag = 1
-        self._pending: dict[int, Outgoing] = {}
-        self._outcomes: dict[str, PublishResult | PublishError] = {}
-        self._returned: dict[str, str] = {}
+    _channel: pika.channel.Channel | None = None
+    _channel_closed: BaseException | None = None
+    _next_tag = 1
 
     def connect(self) -> Publisher:
-        if self._connection is None or not self._connection.is_open:
-            self._connection = connect_blocking(self.settings, "pub")
-        self._open_channel()
+        """Open the connection (unless given one) and the confirm channel."""
+        self._started = True
+        self._confirm_channel()
         return self
 
     def close(self) -> None:
-        if self._owns_connection and self._connection is not None and self._connection.is_open:
-            self._connection.close()
-        self._connection = self._channel = None
+        """Close the channel, and the connection if this publisher opened it; bounded."""
+        self._started = False
+        channel, self._channel = self._channel, None
+        if self._connection is None:
+            return
+        if self._owns_connection:
+            close_connection(self._connection, self.settings.confirm_timeout)
+            self._connection = None
+        elif channel is not None and channel.is_open:
+            channel.close()  # its CloseOk comes with the connection's later I/O
 
     def __enter__(self) -> Publisher:
         return self.connect()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _open_channel(self) -> BlockingChannel:
+    # ------------------------------------------------------------------ connection
+
+    def _open_connection(self) -> pika.BlockingConnection:
+        self._connection = connection = connect_blocking(self.settings, "pub")
+        return connection
+
+    def _live_connection(self) -> pika.BlockingConnection:
+        """The open connection: reopened (bounded attempts) if it dropped and is ours."""
+        if not self._started:
+            raise self.core.not_connected()
+        connection = self._connection
+        if connection is None:
+            return self._open_connection()
+        if connection.is_open:
+            try:
+                poll_once(connection)  # learn of a close that already happened
+            except _LOST as exc:
+                self._lost = exc
+        if connection.is_open:
+            return connection
+        self._channel = None
+        failures: list[Exception] = []
+        for pause in self._reconnect_pauses(failures):
+            time.sleep(pause)
+            try:
+                return self._open_connection()
+            except ConnectionFailedError as exc:
+                failures.append(exc)
+        raise AssertionError("unreachable: the pauses end by raising")
+
+    def _confirm_channel(self) -> pika.channel.Channel:
+        connection = self._live_connection()
         if self._channel is not None and self._channel.is_open:
             return self._channel
-        if self._connection is None or not self._connection.is_open:
-            raise PublisherClosedError("the publisher is not connected: call connect() first")
-        channel = self._connection.channel()
-        ready: list[bool] = []
-        # The underlying channel: confirms tracked here, not by BlockingChannel.
-        impl: pika.channel.Channel = channel._impl  # type: ignore[attr-defined]
-        impl.confirm_delivery(
-            ack_nack_callback=self._on_confirm, callback=lambda _frame: ready.append(True)
-        )
-        impl.add_on_return_callback(self._on_return)
-        self._channel, self._impl, self._next_tag = channel, impl, 1
-        self._pump(lambda: bool(ready))  # wait for Confirm.SelectOk
-        self._pending.clear()
-        return channel
+        try:
+            impl: pika.channel.Channel = open_channel(
+                connection, self.settings.confirm_timeout
+            )._impl  # type: ignore[attr-defined]  # confirms tracked here, not by BlockingChannel
+            ready: list[bool] = []
+            impl.confirm_delivery(
+                ack_nack_callback=functools.partial(self._on_confirm, impl),
+                callback=lambda _frame: ready.append(True),
+            )
+            impl.add_on_return_callback(functools.partial(self._on_return, impl))
+            impl.add_on_close_callback(functools.partial(self._on_channel_closed, impl))
+            wait_until(connection, lambda: bool(ready), self.settings.confirm_timeout, "confirms")
+        except _LOST as exc:
+            self._lost = exc
+            raise PublisherClosedError(f"cannot open a channel: {exc!r}") from None
+        self._channel, self._channel_closed, self._next_tag = impl, None, 1
+        self._pending: dict[int, tuple[int, Outgoing]] = {}
+        self._outcomes: list[Outcome | None] = []
+        self._returned: dict[str, str] = {}
+        return impl
+
+    # ------------------------------------------------------------------ steps
+
+    def _run(self, flow: Flow[T]) -> T:
+        steps = Steps(flow)
+        step = steps.next()
+        while step is not None:
+            step = steps.next(self._do(step))
+        return cast(T, steps.value)
+
+    def _do(self, step: CheckQueue | Send) -> object:
+        if isinstance(step, CheckQueue):
+            return self._queue_exists(step.queue)
+        return self._send(step.batch)
+
+    def _queue_exists(self, queue: str) -> bool:
+        connection = self._live_connection()
+        try:
+            return queue_exists(connection, queue, self.settings.confirm_timeout)
+        except _LOST as exc:
+            self._lost = exc
+            raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
 
     def _on_return(
         self,
+        impl: pika.channel.Channel,
         _channel: pika.channel.Channel,
         method: pika.spec.Basic.Return,
         properties: pika.spec.BasicProperties,
         _body: bytes,
     ) -> None:
         # A return comes before the ack of the same message (RabbitMQ's ordering).
-        self._returned[str(properties.message_id)] = str(method.reply_text)
+        if impl is self._channel:
+            self._returned[str(properties.message_id)] = str(method.reply_text)
 
-    def _on_confirm(self, frame: pika.frame.Method[Any]) -> None:
+    def _on_channel_closed(
+        self, impl: pika.channel.Channel, _channel: pika.channel.Channel, reason: BaseException
+    ) -> None:
+        if impl is self._channel:
+            self._channel_closed = reason
+
+    def _on_confirm(self, impl: pika.channel.Channel, frame: pika.frame.Method[Any]) -> None:
+        if impl is not self._channel:
+            return  # a late confirm from a channel given up on: its tags mean nothing now
         method = frame.method
         tag = int(method.delivery_tag)
         tags = [t for t in self._pending if t <= tag] if method.multiple else [tag]
         nack = isinstance(method, pika.spec.Basic.Nack)
         for t in tags:
-            out = self._pending.pop(t, None)
+            index, out = self._pending.pop(t, (-1, None))
             if out is None:
                 continue
             reason = self._returned.pop(out.message_id, None)
-            outcome: PublishResult | PublishError
+            outcome: Outcome
             if reason is not None:
                 outcome = self.core.returned(out, reason)
             elif nack:
                 outcome = self.core.nacked(out)
             else:
                 outcome = PublishResult.of(out)
-            self._outcomes[out.message_id] = outcome
+            self._outcomes[index] = outcome
 
-    def check_destination(self, destination: str) -> None:
-        """Raise UnknownDestinationError unless the work queue exists (passive, cached)."""
-        if destination in self.core.known_destinations:
-            return
-        if self._connection is None or not self._connection.is_open:
-            raise PublisherClosedError("the publisher is not connected: call connect() first")
-        probe = self._connection.channel()
+    def _send(self, batch: list[Prepared]) -> list[Outcome]:
+        channel = self._confirm_channel()
+        outcomes: list[Outcome | None] = [None] * len(batch)
+        self._outcomes = outcomes
         try:
-            probe.queue_declare(self.core.layout.work_queue(destination), passive=True)
-        except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code == 404:
-                raise self.core.unknown_destination(destination) from None
-            raise
-        else:
-            probe.close()
-        self.core.known_destinations.add(destination)
-
-    def publish(
-        self, destination: str, body: object, **options: Unpack[PublishOptions]
-    ) -> PublishResult:
-        """Publish one message and wait for the broker's confirm.
-
-        ``options``: ``delay`` or ``at``, ``headers``, ``message_id``, and the AMQP
-        properties ``correlation_id``, ``content_type``, ``content_encoding``,
-        ``priority``, ``reply_to``, ``type`` and ``app_id`` (see :class:`PublishOptions`).
-        """
-        prepared = self.core.prepare(destination, body, **options)
-        self.check_destination(destination)
-        outcome = self._send([prepared])[0]
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
-    def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
-        """Publish many messages with pipelined confirms; each request holds publish's args.
-
-        Everything is validated before the first message is sent.
-        """
-        prepared = [self.core.prepare(**request) for request in requests]
-        for destination in dict.fromkeys(p.destination for p in prepared):
-            self.check_destination(destination)
-        order = self.core.send_order(prepared)
-        return gather_results(prepared, self._send([prepared[i] for i in order]), order)
-
-    def _send(self, batch: list[Prepared]) -> list[PublishResult | BaseException]:
-        self._open_channel()
-        assert self._connection is not None and self._impl is not None
-        self._outcomes.clear()
-        try:
-            for n, prepared in enumerate(batch, 1):
+            for n, prepared in enumerate(batch):
                 out = self.core.finalize(prepared)
-                self._pending[self._next_tag] = out
+                self._pending[self._next_tag] = (n, out)
                 self._next_tag += 1
-                self._impl.basic_publish(
-                    out.exchange, out.routing_key, out.prepared.body, _properties(out), True
+                channel.basic_publish(
+                    out.exchange, out.routing_key, prepared.body, pika_properties(prepared), True
                 )
-                if n % _FLUSH_EVERY == 0 or len(self._pending) >= self._window:
+                if (n + 1) % _FLUSH_EVERY == 0 or len(self._pending) >= self._window:
                     self._pump(lambda: len(self._pending) < self._window)
             self._pump(lambda: not self._pending)
-        except (pika.exceptions.AMQPError, OSError) as exc:
-            error = _closed_error(exc)
-            for out in self._pending.values():
-                self._outcomes[out.message_id] = error
-            self._pending.clear()
-            self._channel = None
+        except BaseException as exc:
+            self._give_up(exc)
+            if not isinstance(exc, _LOST):
+                raise
         return [
-            self._outcomes.get(p.message_id, PublisherClosedError("no confirm arrived"))
-            for p in batch
+            o if o is not None else self.core.unconfirmed(p.message_id, "no confirm arrived")
+            for o, p in zip(outcomes, batch, strict=True)
         ]
 
+    def _give_up(self, exc: BaseException) -> None:
+        """Fail what waits for a confirm, and leave the channel: its tags are unknown now."""
+        self._lost = exc
+        code = getattr(exc, "reply_code", None)
+        for index, out in self._pending.values():
+            if code == 404:  # the channel closed on a missing exchange
+                self._outcomes[index] = self.core.no_exchange(out, str(exc.args[-1]))
+            elif isinstance(exc, TimeoutError):
+                self._outcomes[index] = self.core.no_confirm(
+                    out.message_id, self.settings.confirm_timeout
+                )
+            else:
+                self._outcomes[index] = self.core.unconfirmed(out.message_id, repr(exc))
+        self._pending.clear()
+        channel, self._channel = self._channel, None
+        if channel is not None and channel.is_open:
+            channel.close()
+
     def _pump(self, done: Callable[[], bool]) -> None:
-        """Flush and process I/O until ``done()``, the channel closes, or the timeout."""
+        """Process I/O until ``done()``; raise if the channel closes or confirms time out."""
         assert self._connection is not None and self._channel is not None
-        expired: list[bool] = []
-        timer = self._connection.call_later(
-            self.settings.confirm_timeout, lambda: expired.append(True)
+        channel = self._channel
+        wait_until(
+            self._connection,
+            lambda: done() or channel.is_closed,
+            self.settings.confirm_timeout,
+            f"confirms, confirm_timeout={self.settings.confirm_timeout:g}s",
         )
-        try:  # the waiter BlockingChannel.basic_publish itself uses, without its one-by-one
-            self._channel._flush_output(done, lambda: bool(expired))  # type: ignore[attr-defined]
-        finally:
-            self._connection.remove_timeout(timer)
-        if self._channel.is_closed:
-            raise pika.exceptions.ChannelClosed(0, "the channel closed")
-        if not done():
-            raise pika.exceptions.AMQPError(
-                f"no confirm within confirm_timeout={self.settings.confirm_timeout}s"
-            )
-
-
-def _properties(out: Outgoing) -> pika.BasicProperties:
-    return pika.BasicProperties(
-        content_type=out.prepared.content_type,
-        delivery_mode=pika.DeliveryMode.Persistent,
-        headers=out.headers,
-        message_id=out.message_id,
-        correlation_id=out.prepared.correlation_id,
-        content_encoding=out.prepared.content_encoding,
-        priority=out.prepared.priority,
-        reply_to=out.prepared.reply_to,
-        type=out.prepared.type,
-        app_id=out.prepared.app_id,
-    )
-
-
-def _closed_error(exc: BaseException) -> PublishError:
-    if isinstance(exc, pika.exceptions.ChannelClosedByBroker) and exc.reply_code == 404:
-        return UnroutableError(f"{exc.reply_text}; run `rmqdelay topology apply`")
-    return PublisherClosedError(
-        f"the connection or channel closed before the confirm ({exc!r}); the message may "
-        "or may not have been delivered: publish it again"
-    )
+        if channel.is_closed:
+            raise self._channel_closed or pika.exceptions.ChannelClosed(0, "the channel closed")

@@ -15,8 +15,11 @@ import typer
 from rich.console import Console
 
 from ..amqp.connections import connect_blocking
+from ..amqp.passive import queue_exists
 from ..amqp.publisher import Publisher
 from ..core.messages import DUE_AT
+from ..core.outgoing import unknown_destination
+from ..core.routing import validate_destination
 from ..errors import DelayError
 from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
 
@@ -124,13 +127,13 @@ def consume(
 ) -> None:
     """Receive, print and ack messages of a destination."""
     settings = settings_from(url, prefix, config)
-    with Publisher(settings) as publisher:  # reuses its passive destination check
-        publisher.check_destination(destination)
-    queue = settings.layout.work_queue(destination)
+    queue = settings.layout.work_queue(validate_destination(settings.layout, destination))
     connection = connect_blocking(settings, "consume")
     received = 0
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
+        if not queue_exists(connection, queue, settings.confirm_timeout):
+            raise unknown_destination(settings.layout, destination)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=min(count or 100, 100))
         for method, props, body in channel.consume(queue, inactivity_timeout=0.1):

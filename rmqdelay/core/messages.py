@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from pydantic import BaseModel
 
@@ -13,9 +13,14 @@ from ..errors import InvalidBodyError
 
 __all__ = [
     "ATTEMPT",
+    "CARRIED",
     "DESTINATION",
     "DUE_AT",
+    "PERSISTENT",
     "Body",
+    "MessageProperties",
+    "amqp_properties",
+    "carried_properties",
     "clean_headers",
     "encode_body",
 ]
@@ -27,8 +32,61 @@ JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 BINARY = "application/octet-stream"
 
+PERSISTENT = 2
+"""AMQP's delivery mode for a message the broker writes to disk."""
+
 Body = bytes | bytearray | memoryview | str | Mapping[str, Any] | list[Any] | BaseModel
-"""What ``publish`` takes: bytes, text, a JSON dict or list, or a pydantic model."""
+"""What ``publish`` takes: bytes (or a bytearray or memoryview, copied when published),
+text, a JSON dict or list, or a pydantic model."""
+
+
+class MessageProperties(TypedDict, total=False):
+    """The AMQP properties ``publish`` takes besides the message id and headers.
+
+    A message keeps all of them through retries, parking and replays (:data:`CARRIED`).
+    """
+
+    correlation_id: str | None
+    content_type: str | None
+    """Default: from the body's type."""
+    content_encoding: str | None
+    priority: int | None
+    """0 to 255; only a queue declared with x-max-priority uses it."""
+    reply_to: str | None
+    type: str | None
+    app_id: str | None
+
+
+CARRIED: tuple[str, ...] = tuple(MessageProperties.__annotations__)
+"""The names of :class:`MessageProperties`, as pika and aio-pika call them."""
+
+
+def carried_properties(message: object) -> MessageProperties:
+    """The carried properties of a received message (any object with those attributes).
+
+    A retry or replay is a new publish, so everything the sender set must be copied
+    over, or a handler on the next attempt would find, say, no ``reply_to``.
+    """
+    return cast(MessageProperties, {name: getattr(message, name, None) for name in CARRIED})
+
+
+def amqp_properties(
+    message_id: str,
+    headers: Mapping[str, Any],
+    carried: Mapping[str, Any],
+    timestamp: object = None,
+) -> dict[str, Any]:
+    """Every AMQP property of a message rmqdelay sends, as plain values: the one place.
+
+    Names are pika's and aio-pika's (``type``, not pamqp's ``message_type``); always
+    persistent. ``timestamp`` only when parking keeps the original one.
+    """
+    properties = {name: carried.get(name) for name in CARRIED}
+    properties.update(message_id=message_id, headers=headers, delivery_mode=PERSISTENT)
+    if timestamp is not None:
+        properties["timestamp"] = timestamp
+    return properties
+
 
 _DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
 
@@ -36,9 +94,15 @@ _DEATH_PREFIXES = ("x-first-death-", "x-last-death-")
 def encode_body(body: object) -> tuple[bytes, str]:
     """Serialize a body; return the bytes and their content type."""
     if isinstance(body, (bytes, bytearray, memoryview)):
-        return bytes(body), BINARY
+        try:
+            return bytes(body), BINARY  # a copy: a bytearray changed later changes nothing
+        except ValueError as exc:  # a released memoryview
+            raise InvalidBodyError(f"body cannot be read: {exc}") from None
     if isinstance(body, str):
-        return body.encode(), TEXT
+        try:
+            return body.encode(), TEXT
+        except UnicodeEncodeError as exc:
+            raise InvalidBodyError(f"a str body must be valid text: {exc}") from None
     if isinstance(body, BaseModel):
         return body.model_dump_json().encode(), JSON
     if isinstance(body, (Mapping, list, tuple)):
@@ -64,6 +128,9 @@ def clean_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     """
     if not headers:
         return {}
-    return {
-        k: v for k, v in headers.items() if k != "x-death" and not k.startswith(_DEATH_PREFIXES)
-    }
+    return {k: v for k, v in headers.items() if not _is_death_record(k)}
+
+
+def _is_death_record(name: object) -> bool:
+    # a name that is no str is kept, for the encoder to refuse by name
+    return isinstance(name, str) and (name == "x-death" or name.startswith(_DEATH_PREFIXES))

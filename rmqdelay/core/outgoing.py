@@ -1,8 +1,14 @@
 """What both publishers share: validate, then route as late as possible.
 
-``prepare`` checks everything and fixes the due time; ``finalize`` plans the delay
-that is left right before the bytes go out, so a message that waited in a batch is
-not late by that wait. The pika and aio-pika publishers only send what comes out.
+``prepare`` checks everything, fixes the due time and encodes the properties;
+``finalize`` plans the delay that is left right before the bytes go out, so a message
+that waited in a batch is not late by that wait.
+
+A publish is a *flow*: a generator that yields the only two things needing a broker,
+:class:`CheckQueue` (a passive check) and :class:`Send` (send and wait for confirms),
+and gets their answers back. :class:`rmqdelay.amqp.publishing.PublisherSurface` writes
+the public methods once over these flows; the pika and aio-pika publishers only carry
+out the two steps.
 """
 
 from __future__ import annotations
@@ -10,14 +16,18 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, TypedDict
+from typing import Any, Generic, TypeVar, cast
+
+from typing_extensions import Unpack
 
 from ..errors import (
     BatchPublishError,
     DelayError,
+    InvalidMessageError,
+    PublisherClosedError,
     PublishError,
     PublishNackedError,
     UnknownDestinationError,
@@ -25,38 +35,46 @@ from ..errors import (
 )
 from .durations import DurationLike, parse_duration_us
 from .layout import Layout
-from .messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers, encode_body
+from .messages import (
+    ATTEMPT,
+    CARRIED,
+    DESTINATION,
+    DUE_AT,
+    MessageProperties,
+    amqp_properties,
+    clean_headers,
+    encode_body,
+)
 from .plan import DelayPlan, check_max_delay, plan_delay
 from .routing import validate_destination
+from .wire import encode_properties
 
 __all__ = [
+    "RECONNECT_PAUSES",
+    "CheckQueue",
+    "Flow",
     "MessageProperties",
+    "Outcome",
     "Outgoing",
     "Prepared",
     "PublishOptions",
     "PublishResult",
     "PublisherCore",
+    "Send",
+    "Steps",
     "gather_results",
     "now_us",
+    "unknown_destination",
 ]
+
+T = TypeVar("T")
+
+RECONNECT_PAUSES = (0.0, 0.5, 2.0)
+"""Seconds to wait before each attempt to reopen a dropped connection: three attempts."""
 
 
 def now_us() -> int:
     return time.time_ns() // 1000
-
-
-class MessageProperties(TypedDict, total=False):
-    """The AMQP properties ``publish`` takes besides the message id and headers."""
-
-    correlation_id: str | None
-    content_type: str | None
-    """Default: from the body's type."""
-    content_encoding: str | None
-    priority: int | None
-    """0 to 255; only a queue declared with x-max-priority uses it."""
-    reply_to: str | None
-    type: str | None
-    app_id: str | None
 
 
 class PublishOptions(MessageProperties, total=False):
@@ -73,20 +91,27 @@ class PublishOptions(MessageProperties, total=False):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A validated message with its due time, not yet routed."""
+    """A validated message with its due time and encoded properties, not yet routed."""
 
     destination: str
     body: bytes
-    content_type: str
     headers: dict[str, Any]
+    """The caller's headers (cleaned, with the attempt); routing adds the due time."""
     message_id: str
-    correlation_id: str | None
     due_at_us: int
-    content_encoding: str | None = None
-    priority: int | None = None
-    reply_to: str | None = None
-    type: str | None = None
-    app_id: str | None = None
+    properties: MessageProperties
+    """The carried AMQP properties, ``content_type`` filled in from the body."""
+    encoded_properties: bytes = field(repr=False)
+    """The content header's property list, as :func:`~rmqdelay.core.wire.encode_properties`
+    wrote it: what both publishers send."""
+
+    @property
+    def content_type(self) -> str:
+        return str(self.properties.get("content_type"))
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self.properties.get("correlation_id")
 
 
 @dataclass(frozen=True)
@@ -135,12 +160,59 @@ class PublishResult:
         )
 
 
+Outcome = PublishResult | BaseException
+"""One message's outcome: its result, or why it was not confirmed."""
+
+
+@dataclass(frozen=True)
+class CheckQueue:
+    """A step: does this work queue exist? Answer True or False (a passive check)."""
+
+    queue: str
+
+
+@dataclass(frozen=True)
+class Send:
+    """A step: send these messages in this order; answer one :data:`Outcome` each."""
+
+    batch: list[Prepared]
+
+
+Flow = Generator[CheckQueue | Send, Any, T]
+"""A publish as steps for an adapter to carry out; its return value is the call's."""
+
+
+class Steps(Generic[T]):
+    """Walks a flow: ``next(answer)`` gives the next step, or None once it returned."""
+
+    def __init__(self, flow: Flow[T]) -> None:
+        self._flow = flow
+        self.value: T | None = None
+
+    def next(self, answer: object = None) -> CheckQueue | Send | None:
+        try:
+            return self._flow.send(answer)
+        except StopIteration as stop:
+            self.value = stop.value
+            return None
+
+
+def unknown_destination(layout: Layout, destination: str) -> UnknownDestinationError:
+    queue = layout.work_queue(destination)
+    return UnknownDestinationError(
+        f"destination {destination!r} has no work queue {queue!r}: run "
+        f"`rmqdelay topology apply --destination {destination}`"
+    )
+
+
 class PublisherCore:
-    """The sans-IO half of a publisher."""
+    """The sans-IO half of a publisher: checks, plans, flows and their errors."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.known_destinations: set[str] = set()
+
+    # ------------------------------------------------------------------ validation
 
     def prepare(
         self,
@@ -151,44 +223,43 @@ class PublisherCore:
         at: datetime | None = None,
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,
-        correlation_id: str | None = None,
-        content_type: str | None = None,
-        content_encoding: str | None = None,
-        priority: int | None = None,
-        reply_to: str | None = None,
-        type: str | None = None,  # AMQP's name for it, as in pika and aio-pika
-        app_id: str | None = None,
         now: int | None = None,
+        **properties: Unpack[MessageProperties],
     ) -> Prepared:
-        """Validate a publish and fix its due time; raise before anything is sent."""
+        """Validate a publish, fix its due time and encode it; raise before anything is sent.
+
+        The one validation pass of both publishers, retries and replays: what AMQP
+        cannot carry raises :class:`InvalidMessageError` (see :mod:`rmqdelay.core.wire`).
+        """
+        unknown = properties.keys() - set(CARRIED)
+        if unknown:
+            raise TypeError(f"publish() got an unexpected keyword argument {min(unknown)!r}")
         validate_destination(self.layout, destination)
         start = now_us() if now is None else now
         due = start + self._delay_us(delay, at, start)
         payload, encoded_type = encode_body(body)
+        if headers is not None and not isinstance(headers, Mapping):
+            raise InvalidMessageError(
+                "headers", f"must be a dict of str to values, got {type(headers).__name__}"
+            )
         out_headers = clean_headers(headers)
-        for key in out_headers:
-            if not isinstance(key, str):
-                raise TypeError(f"header names must be str, got {key!r}")
         out_headers.setdefault(ATTEMPT, 1)
         if message_id is not None and (not isinstance(message_id, str) or not message_id):
-            raise ValueError(f"message_id must be a non-empty str, got {message_id!r}")
-        if priority is not None and (
-            isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 255
-        ):
-            raise ValueError(f"priority must be an int from 0 to 255, got {priority!r}")
+            raise InvalidMessageError("message_id", f"must be a non-empty str, got {message_id!r}")
+        message_id = message_id or str(uuid.uuid4())
+        carried = cast(MessageProperties, {name: properties.get(name) for name in CARRIED})
+        carried["content_type"] = carried.get("content_type") or encoded_type
+        sent_headers = {**out_headers, DUE_AT: -(-due // 1000), DESTINATION: destination}
         return Prepared(
             destination=destination,
             body=payload,
-            content_type=content_type or encoded_type,
             headers=out_headers,
-            message_id=message_id or str(uuid.uuid4()),
-            correlation_id=correlation_id,
+            message_id=message_id,
             due_at_us=due,
-            content_encoding=content_encoding,
-            priority=priority,
-            reply_to=reply_to,
-            type=type,
-            app_id=app_id,
+            properties=carried,
+            encoded_properties=encode_properties(
+                amqp_properties(message_id, sent_headers, carried)
+            ),
         )
 
     def _delay_us(self, delay: DurationLike | None, at: datetime | None, start: int) -> int:
@@ -216,27 +287,42 @@ class PublisherCore:
         check_max_delay(self.layout, delay_us)
         return delay_us
 
-    def unknown_destination(self, destination: str) -> UnknownDestinationError:
-        queue = self.layout.work_queue(destination)
-        return UnknownDestinationError(
-            f"destination {destination!r} has no work queue {queue!r}: run "
-            f"`rmqdelay topology apply --destination {destination}`"
-        )
+    # ------------------------------------------------------------------ flows
 
-    def returned(self, out: Outgoing, reason: str) -> UnroutableError:
-        """The error for a message the broker returned; forget the destination."""
-        self.known_destinations.discard(out.prepared.destination)
-        return UnroutableError(
-            f"the broker returned message {out.message_id} ({reason}): nothing is bound for "
-            f"destination {out.prepared.destination!r} via exchange {out.exchange!r}; run "
-            "`rmqdelay topology apply`"
-        )
+    def publish(
+        self, destination: str, body: object, options: PublishOptions
+    ) -> Flow[PublishResult]:
+        """One message: validate, check its destination, send, then return or raise."""
+        prepared = self.prepare(destination, body, **options)
+        (outcome,) = yield from self._send([prepared])
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
-    @staticmethod
-    def nacked(out: Outgoing) -> PublishNackedError:
-        return PublishNackedError(
-            f"the broker nacked message {out.message_id} to {out.prepared.destination!r}"
-        )
+    def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> Flow[list[PublishResult]]:
+        """Validate every request before the first is sent; send by due time."""
+        prepared = [self.prepare(**request) for request in requests]
+        order = self.send_order(prepared)
+        outcomes = yield from self._send([prepared[i] for i in order])
+        return gather_results(prepared, outcomes, order)
+
+    def check_destination(self, destination: str) -> Flow[None]:
+        validate_destination(self.layout, destination)
+        yield from self._check([destination])
+
+    def _check(self, destinations: Iterable[str]) -> Flow[None]:
+        """Passive checks of the destinations not seen yet; the answers are cached."""
+        for destination in dict.fromkeys(destinations):
+            if destination in self.known_destinations:
+                continue
+            if not (yield CheckQueue(self.layout.work_queue(destination))):
+                raise unknown_destination(self.layout, destination)
+            self.known_destinations.add(destination)
+
+    def _send(self, batch: list[Prepared]) -> Flow[list[Outcome]]:
+        yield from self._check(p.destination for p in batch)
+        outcomes: list[Outcome] = yield Send(batch)
+        return outcomes
 
     @staticmethod
     def send_order(batch: Sequence[Prepared]) -> list[int]:
@@ -260,10 +346,65 @@ class PublisherCore:
         }
         return Outgoing(prepared, plan, headers)
 
+    # ------------------------------------------------------------------ outcomes
+
+    def returned(self, out: Outgoing, reason: str) -> UnroutableError:
+        """The error for a message the broker returned; forget the destination."""
+        self.known_destinations.discard(out.prepared.destination)
+        return UnroutableError(
+            f"the broker returned message {out.message_id} ({reason}): nothing is bound for "
+            f"destination {out.prepared.destination!r} via exchange {out.exchange!r}; run "
+            "`rmqdelay topology apply`"
+        )
+
+    @staticmethod
+    def nacked(out: Outgoing) -> PublishNackedError:
+        return PublishNackedError(
+            f"the broker nacked message {out.message_id} to {out.prepared.destination!r}"
+        )
+
+    @staticmethod
+    def no_exchange(out: Outgoing, detail: str) -> UnroutableError:
+        """The broker closed the channel: the tier's exchange does not exist (404)."""
+        return UnroutableError(
+            f"message {out.message_id} was not sent: {detail}; run `rmqdelay topology apply`"
+        )
+
+    @staticmethod
+    def unconfirmed(message_id: str, why: object) -> PublisherClosedError:
+        return PublisherClosedError(
+            f"the connection closed before message {message_id} was confirmed ({why}); "
+            "it may or may not have been delivered: publish it again"
+        )
+
+    @staticmethod
+    def no_confirm(message_id: str, timeout: float) -> PublishError:
+        return PublishError(
+            f"no confirm for message {message_id} within confirm_timeout={timeout:g}s; it "
+            "may or may not have been delivered: publish it again"
+        )
+
+    @staticmethod
+    def not_connected() -> PublisherClosedError:
+        return PublisherClosedError("the publisher is not connected: call connect() first")
+
+    @staticmethod
+    def lost(why: object, owned: bool, attempts: Sequence[object] = ()) -> PublisherClosedError:
+        """Why a publisher cannot send: its connection dropped and could not be reopened."""
+        if not owned:
+            return PublisherClosedError(
+                f"the connection given to this publisher is closed ({why}): open a new one "
+                "and a new publisher on it"
+            )
+        return PublisherClosedError(
+            f"the connection to the broker was lost ({why}) and {len(attempts)} attempts to "
+            f"reconnect failed, the last: {attempts[-1] if attempts else '?'}"
+        )
+
 
 def gather_results(
     prepared: Sequence[Prepared],
-    outcomes: Sequence[PublishResult | BaseException],
+    outcomes: Sequence[Outcome],
     order: Sequence[int] | None = None,
 ) -> list[PublishResult]:
     """Return a batch's results in order, or raise BatchPublishError naming the failures.
@@ -272,7 +413,7 @@ def gather_results(
     ``order`` (see :meth:`PublisherCore.send_order`).
     """
     if order is not None:
-        restored: list[PublishResult | BaseException] = list(outcomes)
+        restored: list[Outcome] = list(outcomes)
         for k, index in enumerate(order):
             restored[index] = outcomes[k]
         outcomes = restored

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from .layout import Layout
 from .messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
-from .outgoing import MessageProperties
 
 __all__ = [
     "PARKED_AT",
@@ -30,7 +29,6 @@ __all__ = [
     "REPLAYS",
     "ParkedMessage",
     "header_int",
-    "kept_properties",
     "parked_headers",
     "read_parked",
     "replay_headers",
@@ -144,17 +142,9 @@ class ParkedMessage:
     headers: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "message_id": self.message_id,
-            "destination": self.destination,
-            "reason": self.reason,
-            "attempts": self.attempts,
-            "parked_at": self.parked_at.isoformat() if self.parked_at else None,
-            "error_type": self.error_type,
-            "error": self.error,
-            "traceback": self.traceback,
-            "replays": self.replays,
-        }
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "headers"}
+        data["parked_at"] = self.parked_at.isoformat() if self.parked_at else None
+        return data
 
 
 def _deaths(headers: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -217,39 +207,3 @@ def read_parked(
         replays=header_int(headers, REPLAYS, 0),
         headers=headers,
     )
-
-
-class _Properties(Protocol):
-    """The AMQP properties of a received message (aio-pika's incoming message has them)."""
-
-    @property
-    def correlation_id(self) -> str | None: ...
-    @property
-    def content_type(self) -> str | None: ...
-    @property
-    def content_encoding(self) -> str | None: ...
-    @property
-    def priority(self) -> int | None: ...
-    @property
-    def reply_to(self) -> str | None: ...
-    @property
-    def type(self) -> str | None: ...
-    @property
-    def app_id(self) -> str | None: ...
-
-
-def kept_properties(message: _Properties) -> MessageProperties:
-    """What a retried or replayed message keeps of its properties, besides id and headers.
-
-    A retry is a new publish, so everything else the sender set must be copied over, or
-    a handler on the next attempt would find, say, no ``reply_to``.
-    """
-    return {
-        "correlation_id": message.correlation_id,
-        "content_type": message.content_type,
-        "content_encoding": message.content_encoding,
-        "priority": message.priority,
-        "reply_to": message.reply_to,
-        "type": message.type,
-        "app_id": message.app_id,
-    }

@@ -35,10 +35,10 @@ def validate_destination(layout: Layout, destination: object) -> str:
             f"destination {destination[:40]!r}... is {size} bytes, over "
             f"max_destination_length={layout.max_destination_length}"
         )
-    if not _DESTINATION.match(destination):
+    if not _DESTINATION.fullmatch(destination):  # match() would let a final "\n" through
         raise InvalidDestinationError(
             f"destination {destination!r} must be words of letters, digits, '-' or '_' "
-            "joined by single dots (no spaces, '*', '#' or empty words)"
+            "joined by single dots (no spaces, control characters, '*', '#' or empty words)"
         )
     return destination
 

@@ -25,11 +25,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.connections import connect_async
 from ..amqp.journal import JournalTail
+from ..amqp.passive import queue_exists_async
 from ..core.context import Context
 from ..core.handlers import HandlerSpec
 from ..core.journal import Tombstones
 from ..core.retry import decide
-from ..errors import TopologyError, WorkerError
+from ..errors import AccessRefusedError, TopologyError, WorkerError
 from ..settings import Settings
 from .metrics import HANDLED, HANDLER_SECONDS, LATENESS
 from .settle import SETTLE_ERRORS, Failure, Received, Settler, read_delivery
@@ -267,20 +268,19 @@ class RunningWorker:
         for destination in self.handlers:
             name = self.layout.work_queue(destination)
             try:
-                async with connection.channel(publisher_confirms=False) as probe:
-                    await probe.declare_queue(name, passive=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
+                exists = await queue_exists_async(connection, name, self.settings.confirm_timeout)
+            except AccessRefusedError as exc:
+                raise WorkerError(
+                    f"access to work queue {name!r} refused: the worker's user needs read "
+                    f"permission on it and write permission on the {self.layout.prefix}.* "
+                    f"exchanges ({exc.detail})"
+                ) from None
+            if not exists:
                 raise WorkerError(
                     f"work queue {name!r} for handler {self.handlers[destination].name} does "
                     f"not exist: run `rmqdelay topology apply --destination {destination}` "
                     "(or check --prefix)"
-                ) from None
-            except aiormq.exceptions.ChannelAccessRefused as exc:
-                raise WorkerError(
-                    f"access to work queue {name!r} refused: the worker's user needs read "
-                    f"permission on it and write permission on the {self.layout.prefix}.* "
-                    f"exchanges ({exc.args[-1] if exc.args else exc})"
-                ) from None
+                )
             found.append((destination, name))
         return found
 

@@ -13,19 +13,19 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import aiormq
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
-from pamqp.commands import Basic
 
-from ..amqp.aio_publisher import AsyncPublisher
+from ..amqp.aio_publisher import AsyncPublisher, EncodedProperties, send_encoded
 from ..core.handlers import HandlerSpec
-from ..core.messages import ATTEMPT, DUE_AT
-from ..core.parking import header_int, kept_properties, parked_headers, short_traceback
+from ..core.messages import ATTEMPT, DUE_AT, amqp_properties, carried_properties
+from ..core.parking import header_int, parked_headers, short_traceback
 from ..core.retry import Decision, DecodeError, HandlerSignal
-from ..errors import PublisherClosedError, PublishError, RmqDelayError
+from ..core.wire import encode_properties
+from ..errors import PublisherClosedError, RmqDelayError
 from .metrics import HANDLED
 
 __all__ = ["SETTLE_ERRORS", "Failure", "Received", "Settler", "read_delivery"]
@@ -39,7 +39,8 @@ SETTLE_ERRORS = (
     RuntimeError,
 )
 """What an ack, reject or nack can raise when the connection went away."""
-_PARK_ERRORS = (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError, PublishError)
+_PARK_ERRORS = (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError, RmqDelayError)
+"""A parked copy returned, nacked, or not encodable: the original goes back to its queue."""
 
 
 @dataclass
@@ -92,6 +93,16 @@ class Failure(Exception):
         return cls(error, None if isinstance(error, DecodeError) else short_traceback(error))
 
 
+@dataclass
+class _Job:
+    """One delivery being settled, and the fields its log lines carry."""
+
+    spec: HandlerSpec
+    message: AbstractIncomingMessage
+    received: Received
+    fields: dict[str, Any]
+
+
 class Settler:
     """Carries out one decision for one delivery, on one connection's channels."""
 
@@ -112,6 +123,7 @@ class Settler:
         fields: dict[str, Any],
     ) -> None:
         destination = spec.destination
+        job = _Job(spec, message, received, fields)
         try:
             if decision.action == "ack":
                 await message.ack()
@@ -123,7 +135,7 @@ class Settler:
                 HANDLED.labels(destination, "requeued").inc()
             elif decision.action == "retry":
                 try:
-                    await self._republish(spec, message, received, decision)
+                    await self._republish(job, decision)
                 except PublisherClosedError as exc:
                     log.warning("the retry was not confirmed (%s); requeueing", exc, extra=fields)
                     await message.reject(requeue=True)
@@ -145,7 +157,7 @@ class Settler:
                     HANDLED.labels(destination, "retried").inc()
                     return
             if decision.action == "park":
-                await self._park(spec, message, received, decision, failure, fields)
+                await self._park(job, decision, failure)
         except SETTLE_ERRORS as exc:
             log.warning(
                 "could not settle the message (%s): the broker redelivers it",
@@ -153,14 +165,9 @@ class Settler:
                 extra=fields,
             )
 
-    async def _republish(
-        self,
-        spec: HandlerSpec,
-        message: AbstractIncomingMessage,
-        received: Received,
-        decision: Decision,
-    ) -> None:
+    async def _republish(self, job: _Job, decision: Decision) -> None:
         """Send the message round the delay tiers again, as the next attempt."""
+        spec, message, received = job.spec, job.message, job.received
         # prepare() strips x-death and friends: the dead-letter cycle trap lives there
         headers = {**received.headers, ATTEMPT: decision.attempt}
         headers.pop("x-delivery-count", None)  # the broker's, for the old delivery
@@ -170,20 +177,13 @@ class Settler:
             delay=timedelta(milliseconds=decision.delay_ms),
             headers=headers,
             message_id=received.message_id,
-            **kept_properties(message),
+            **carried_properties(message),
         )
         await self.publisher.send(prepared)
 
-    async def _park(
-        self,
-        spec: HandlerSpec,
-        message: AbstractIncomingMessage,
-        received: Received,
-        decision: Decision,
-        failure: Failure | None,
-        fields: dict[str, Any],
-    ) -> None:
+    async def _park(self, job: _Job, decision: Decision, failure: Failure | None) -> None:
         """Publish a copy to the parking queue, confirmed, then ack the original."""
+        spec, message, received = job.spec, job.message, job.received
         headers = parked_headers(
             received.headers,
             reason=decision.reason,
@@ -193,27 +193,24 @@ class Settler:
             error=failure.error if failure is not None else None,
             trace=failure.trace if failure is not None else None,
         )
-        copy = aio_pika.Message(
-            message.body,
-            headers=headers,
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-            priority=message.priority,
-            correlation_id=message.correlation_id,
-            reply_to=message.reply_to,
-            message_id=received.message_id,
-            timestamp=message.timestamp,
-            type=message.type,
-            app_id=message.app_id,
-        )
-        extra = {**fields, "outcome": "parked", "reason": decision.reason}
+        extra = {**job.fields, "outcome": "parked", "reason": decision.reason}
+        exchange = cast(aio_pika.Exchange, self.park_exchange)
         try:
-            confirm = await self.park_exchange.publish(
-                copy, routing_key="", mandatory=True, timeout=self.confirm_timeout
+            # the properties every message carries, and the original timestamp
+            properties = amqp_properties(
+                received.message_id,
+                headers,
+                carried_properties(message),
+                timestamp=message.timestamp,
             )
-            if isinstance(confirm, Basic.Nack):
-                raise PublishError("the broker nacked the parked copy")
+            await send_encoded(
+                exchange.channel,
+                message.body,
+                EncodedProperties(encode_properties(properties), received.message_id),
+                exchange=exchange.name,
+                routing_key="",
+                timeout=self.confirm_timeout,
+            )
         except _PARK_ERRORS as exc:
             log.error(
                 "could not park the message (%s); it goes back to the queue",

@@ -19,6 +19,7 @@ from rmqdelay import (
     build_topology,
 )
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
+from rmqdelay.amqp.connections import connect_blocking
 from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.messages import DESTINATION, DUE_AT
@@ -140,7 +141,8 @@ async def test_nack_raises(amqp_url: str, prefix: str) -> None:
 
 
 def test_closed_connection_raises_not_success(rmq: Settings, admin, prefix: str) -> None:  # type: ignore[no-untyped-def]
-    with Publisher(rmq) as publisher:
+    # on a connection it was given: one it opened itself reconnects (test_publisher_recovery)
+    with Publisher(rmq, connection=connect_blocking(rmq, "pub")) as publisher:
         publisher.publish("orders", b"warm", delay=0)
         assert admin.close_connections(prefix) >= 1
         with pytest.raises(PublisherClosedError):
