@@ -11,6 +11,9 @@ where a broker comes from); this is its command line::
                                         # run CMD with RMQDELAY_URL set (any source,
                                         # the container lives as long as CMD)
     --no-management                     # never enable the management plugin
+    python scripts/broker.py rmq4 start|stop
+                                        # RabbitMQ 4.0 in a trixie chroot on :5682
+                                        # (management :15682); start prints its URL
 
 The tests import ``BrokerInfo``, ``BrokerUnavailable``, ``SecretUrl``, ``ensure_broker``
 and ``mask_url`` from here.  Passwords are never printed: diagnostics show masked URLs.
@@ -56,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors on stderr")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["rmq4"]:
+        return _rmq4(argv[1:])
     command: list[str] = []
     if "--" in argv:  # everything after "--" is the command for --run
         split = argv.index("--")
@@ -99,6 +104,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerUnavailable as exc:
         error(str(exc))
         return 1
+
+
+def _rmq4(argv: list[str]) -> int:
+    """``rmq4 start`` prints the URL (and the management URL on stderr); ``rmq4 stop``."""
+    from brokers import rmq4
+
+    try:
+        if argv == ["start"]:
+            url = rmq4.start()
+            log(f"RabbitMQ 4: {mask_url(url)}, management {rmq4.MANAGEMENT_URL}")
+            print(url, flush=True)
+            return 0
+        if argv == ["stop"]:
+            return 0 if rmq4.stop() else 1
+    except BrokerUnavailable as exc:
+        error(str(exc))
+        return 1
+    error("usage: broker.py rmq4 start|stop")
+    return 2
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ LOCAL_HOST = "127.0.0.1"
 LOCAL_PORT = 5672
 MANAGEMENT_PORT = 15672
 MANAGEMENT_PLUGIN = "rabbitmq_management"
+MANAGEMENT_ENV_VAR = "RMQDELAY_MANAGEMENT_URL"
 MANAGEMENT_TIMEOUT = 60.0  # seconds to wait for the management API after enabling it
 SOURCES = ("env", "local", "testcontainers", "debian")
 
@@ -201,6 +202,12 @@ def _with_management(info: BrokerInfo) -> BrokerInfo:
     if info.management_url is not None:
         return info
     mgmt: str | None
+    explicit = os.environ.get(MANAGEMENT_ENV_VAR, "").strip()
+    if explicit:  # a broker on another port has its API elsewhere too: never guess then
+        mgmt = explicit if management_ok(explicit, info.url, timeout=5.0) else None
+        if mgmt is None:
+            log(f"${MANAGEMENT_ENV_VAR} ({explicit}) does not answer; using rabbitmqctl")
+        return BrokerInfo(url=info.url, management_url=mgmt, source=info.source)
     if info.source in ("local", "debian") or is_loopback(info.url):
         mgmt = _ensure_local_management(info)
     else:

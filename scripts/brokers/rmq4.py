@@ -1,0 +1,137 @@
+"""RabbitMQ 4.0 (Debian trixie's package, Erlang 27) in a debootstrap chroot, on its own ports.
+
+The host runs Debian bookworm's 3.10; trixie's 4.0 runs beside it without Docker: the
+chroot is built once (about 40 s: debootstrap, then apt-get install rabbitmq-server) and
+kept under :data:`ROOT`. Its default node is configured inside the chroot
+(``/etc/rabbitmq``), so every tool run there aims at it with no environment to pass:
+node ``rmqd-rmq4@localhost``, AMQP on 127.0.0.1:5682, management on 127.0.0.1:15682,
+distribution port 25682. The host's epmd serves both Erlang versions.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .base import BrokerUnavailable, log, run_captured
+from .probe import amqp_ok, tcp_open, wait_for
+
+__all__ = ["AMQP_PORT", "MANAGEMENT_PORT", "ROOT", "URL", "ensure_chroot", "start", "stop"]
+
+ROOT = Path(os.environ.get("RMQDELAY_RMQ4_ROOT", "/var/cache/rmqdelay/rabbitmq4-trixie"))
+"""The chroot; set RMQDELAY_RMQ4_ROOT to keep it elsewhere. Reused when present."""
+AMQP_PORT = 5682
+MANAGEMENT_PORT = 15682
+DIST_PORT = 25682
+NODE = "rmqd-rmq4@localhost"
+URL = f"amqp://guest:guest@127.0.0.1:{AMQP_PORT}/%2F"
+MANAGEMENT_URL = f"http://127.0.0.1:{MANAGEMENT_PORT}"
+_SERVER = "usr/lib/rabbitmq/bin/rabbitmq-server"
+_CONFIG = {
+    "etc/rabbitmq/rabbitmq.conf": (
+        f"listeners.tcp.1 = 127.0.0.1:{AMQP_PORT}\n"
+        "management.tcp.ip = 127.0.0.1\n"
+        f"management.tcp.port = {MANAGEMENT_PORT}\n"
+    ),
+    "etc/rabbitmq/enabled_plugins": "[rabbitmq_management].\n",
+    "etc/rabbitmq/rabbitmq-env.conf": f"NODENAME={NODE}\nDIST_PORT={DIST_PORT}\n",
+}
+
+
+def _run(cmd: list[str], timeout: float) -> None:
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    proc = run_captured(cmd, timeout, env)
+    if proc.returncode != 0:
+        tail = " | ".join(proc.stdout.strip().splitlines()[-5:])
+        raise BrokerUnavailable(f"{' '.join(cmd)} exited {proc.returncode}: {tail}")
+
+
+def ensure_chroot() -> float:
+    """Build the chroot unless it is there; return the seconds spent building it."""
+    if (ROOT / _SERVER).exists():
+        return 0.0
+    started = time.monotonic()
+    if shutil.which("debootstrap") is None:
+        log("installing debootstrap (apt-get)")
+        _run(["apt-get", "update", "-qq"], 600)
+        _run(["apt-get", "install", "-y", "-qq", "debootstrap"], 600)
+    building = ROOT.with_name(ROOT.name + ".building")
+    shutil.rmtree(building, ignore_errors=True)
+    building.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building a Debian trixie chroot for RabbitMQ 4 in {ROOT} (once; about a minute)")
+    _run(["debootstrap", "--variant=minbase", "trixie", str(building)], 900)
+    _run(["chroot", str(building), "apt-get", "update", "-qq"], 600)
+    _run(
+        [
+            "chroot",
+            str(building),
+            "apt-get",
+            "install",
+            "-y",
+            "-qq",
+            "--no-install-recommends",
+            "rabbitmq-server",
+        ],
+        900,
+    )
+    building.rename(ROOT)
+    log(f"chroot ready in {time.monotonic() - started:.0f}s")
+    return time.monotonic() - started
+
+
+def _mounted(path: Path) -> bool:
+    return subprocess.run(["mountpoint", "-q", str(path)], check=False).returncode == 0
+
+
+def _mount() -> None:
+    for fs, target in (("proc", ROOT / "proc"), ("dev", ROOT / "dev")):
+        target.mkdir(exist_ok=True)
+        if not _mounted(target):
+            cmd = ["mount", "-t", "proc", "proc"] if fs == "proc" else ["mount", "--bind", "/dev"]
+            _run([*cmd, str(target)], 30)
+
+
+def _unmount() -> None:
+    for target in (ROOT / "proc", ROOT / "dev"):
+        if _mounted(target):
+            _run(["umount", str(target)], 30)
+
+
+def _ctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run_captured(["chroot", str(ROOT), "rabbitmqctl", *args], timeout)
+
+
+def start(timeout: float = 120.0) -> str:
+    """Start the node unless it answers already; return its AMQP URL."""
+    ensure_chroot()
+    if tcp_open("127.0.0.1", AMQP_PORT) and amqp_ok(URL, timeout=3.0)[0]:
+        return URL
+    for relative, text in _CONFIG.items():
+        (ROOT / relative).write_text(text)
+    _mount()
+    log(f"starting RabbitMQ 4 ({NODE}) in {ROOT} on 127.0.0.1:{AMQP_PORT}")
+    _run(["chroot", str(ROOT), "rabbitmq-server", "-detached"], 60)
+    if not wait_for(lambda: amqp_ok(URL, timeout=3.0)[0], timeout, interval=1.0):
+        raise BrokerUnavailable(
+            f"RabbitMQ 4 did not answer on :{AMQP_PORT} within {timeout:.0f}s; see "
+            f"{ROOT}/var/log/rabbitmq/"
+        )
+    # the management API starts a moment after AMQP; the tests need it
+    _ctl("await_startup", timeout=timeout)
+    return URL
+
+
+def stop() -> bool:
+    """Stop the node (if running) and unmount; True when nothing of it is left running."""
+    if (ROOT / _SERVER).exists() and tcp_open("127.0.0.1", AMQP_PORT):
+        proc = _ctl("stop")
+        if proc.returncode != 0:
+            log(f"rabbitmqctl stop exited {proc.returncode}: {proc.stdout.strip()[-300:]}")
+        wait_for(lambda: not tcp_open("127.0.0.1", AMQP_PORT), 60)
+    stopped = not tcp_open("127.0.0.1", AMQP_PORT)
+    if stopped:
+        _unmount()
+    return stopped
