@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -77,6 +78,34 @@ def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
             warnings.warn(f"cleanup of {value}.* failed: {exc!r}", stacklevel=1)
 
 
+# --------------------------------------------------------------------------- shared topology
+
+from worker_helpers import SharedTopology, TestTopology  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def module_topology(
+    request: pytest.FixtureRequest, amqp_url: str, admin: BrokerAdmin
+) -> Iterator[SharedTopology]:
+    """The test module's delay topology (see ``worker_helpers.SharedTopology``), declared
+    on first use and deleted after the module's last test."""
+    shared = SharedTopology(amqp_url, make_prefix(request.module.__name__.rsplit(".", 1)[-1]))
+    yield shared
+    for value in shared.prefixes:
+        try:
+            admin.cleanup_prefix(value)
+        except Exception as exc:  # a broken broker must not hide the tests' own results
+            warnings.warn(f"cleanup of {value}.* failed: {exc!r}", stacklevel=1)
+
+
+@pytest.fixture
+def shared_topology(module_topology: SharedTopology, prefix: str) -> TestTopology:
+    """This test's share of the module's topology: destinations and connection names of
+    its own (``worker_helpers.TestTopology``); the parking queues start empty."""
+    module_topology.purge_parking()
+    return TestTopology(module_topology, prefix)
+
+
 # --------------------------------------------------------------------------- markers
 
 
@@ -88,3 +117,52 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.unit)
         elif "broker" in parts:
             item.add_marker(pytest.mark.broker)
+
+
+def _broker_path(item: pytest.Function) -> list[str] | None:
+    """How ``item`` reaches the ``broker`` fixture: ``[arg, ..., "broker"]``, or None."""
+    defs = item._fixtureinfo.name2fixturedefs
+    paths: dict[str, list[str]] = {name: [name] for name in item._fixtureinfo.argnames}
+    queue = list(paths)
+    while queue:
+        name = queue.pop(0)
+        if name == "broker":
+            return paths[name]
+        for dep in defs[name][-1].argnames if name in defs else ():
+            if dep not in paths:
+                paths[dep] = [*paths[name], dep]
+                queue.append(dep)
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Keep the split honest: a test under tests/unit must not need the broker."""
+    if "unit" in item.path.parts and isinstance(item, pytest.Function):
+        path = _broker_path(item)
+        if path is not None:
+            pytest.fail(
+                f"{item.nodeid} is a unit test (tests/unit) but needs the broker fixture "
+                f"(through {' -> '.join(path)}): move it to tests/broker, or stop using "
+                "that fixture",
+                pytrace=False,
+            )
+
+
+# --------------------------------------------------------------------------- scripts/broker.py
+
+
+@pytest.fixture
+def no_broker_here(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """scripts/broker.py on a machine with no env URL, nothing on :5672, no Docker, no
+    Debian server and no root."""
+    import broker as broker_module
+    from brokers import container, debian, find
+
+    monkeypatch.delenv("RMQDELAY_URL", raising=False)
+    monkeypatch.setattr(find, "LOCAL_PORT", 1)  # nothing listens on port 1
+    monkeypatch.setattr(container, "docker_available", lambda: (False, "no engine"))
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", "/nonexistent/rabbitmq-server")
+    monkeypatch.setattr(debian, "is_root", lambda: False)
+    monkeypatch.setattr(find, "MANAGEMENT_TIMEOUT", 2.0)
+    return broker_module

@@ -2,7 +2,9 @@
 
 Settings come from ``RMQDELAY_*``. Each handler appends ``event message_id attempt pid``
 lines to ``$WORKER_TEST_LOG`` (one ``write`` each, so lines survive SIGKILL whole) and
-sleeps ``$WORKER_TEST_SLEEP`` seconds in between.
+sleeps ``$WORKER_TEST_SLEEP`` seconds in between. The handlers' destinations are
+``$WORKER_TEST_BATCH`` and ``$WORKER_TEST_SLOW`` (default ``batch`` and ``slow``), so that
+each test can have its own on a shared topology.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from rmqdelay.worker import Worker
 
 app = Worker()
 _SLEEP = float(os.environ.get("WORKER_TEST_SLEEP", "0"))
+BATCH = os.environ.get("WORKER_TEST_BATCH", "batch")
+SLOW = os.environ.get("WORKER_TEST_SLOW", "slow")
 
 
 def record(event: str, ctx: Context) -> None:
@@ -28,7 +32,7 @@ def record(event: str, ctx: Context) -> None:
         os.close(fd)
 
 
-@app.handler("batch")
+@app.handler(BATCH)
 def batch(msg: dict[str, int], ctx: Context) -> None:
     """Sync: runs in the worker's thread pool."""
     record("start", ctx)
@@ -36,7 +40,7 @@ def batch(msg: dict[str, int], ctx: Context) -> None:
     record("done", ctx)
 
 
-@app.handler("slow")
+@app.handler(SLOW)
 async def slow(msg: str, ctx: Context) -> None:
     """Async: runs as a task on the worker's event loop."""
     record("start", ctx)

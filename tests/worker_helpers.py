@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import aio_pika
+import pika
 
 from rmqdelay import Settings
 from rmqdelay.amqp.topology_manager import TopologyManager
@@ -26,6 +27,82 @@ def make_settings(
     with TopologyManager(settings) as manager:
         manager.apply(list(destinations))
     return settings
+
+
+class SharedTopology:
+    """One delay topology per test module (tiers, hop exchanges, parking, journal), under
+    the module's prefix, that its tests share: each test brings destinations of its own.
+
+    Declaring the tiers is what costs (every tier is a quorum queue, a Raft group of its
+    own), so a module declares them once per layout it uses, not once per test. A test
+    that changes the topology itself (apply, destroy, conflicts, deleted tiers) must
+    take a prefix of its own instead.
+    """
+
+    def __init__(self, amqp_url: str, prefix: str) -> None:
+        self.amqp_url = amqp_url
+        self.prefix = prefix
+        self._prefixes: dict[tuple[tuple[str, str], ...], str] = {}
+        self._parking: set[str] = set()
+
+    @property
+    def prefixes(self) -> list[str]:
+        """The prefixes in use: the module's, and one more per further layout."""
+        return list(self._prefixes.values())
+
+    def settings(
+        self, destinations: Iterable[str], *, connection_name: str, **extra: Any
+    ) -> Settings:
+        """Settings like :func:`make_settings` gives, on the module's topology for this
+        layout, with ``destinations`` applied (re-declaring what exists is a no-op).
+
+        ``extra`` settings that shape the tiers (``queue_type``, ``max_delay``...) get a
+        topology of their own; ``delivery_limit`` shapes only work queues, so it does not.
+        """
+        options: dict[str, Any] = {"max_delay": "1h", "connection_name": connection_name, **extra}
+        settings = Settings(url=self.amqp_url, prefix=self.prefix, **options)
+        shape = settings.model_dump(exclude={"url", "prefix", "connection_name", "delivery_limit"})
+        key = tuple(sorted((k, repr(v)) for k, v in shape.items()))
+        if key not in self._prefixes:
+            n = len(self._prefixes)
+            self._prefixes[key] = self.prefix if n == 0 else f"{self.prefix}-{n}"
+        settings = Settings(url=self.amqp_url, prefix=self._prefixes[key], **options)
+        with TopologyManager(settings) as manager:
+            manager.apply(list(destinations))
+        self._parking.add(settings.layout.parking)
+        return settings
+
+    def purge_parking(self) -> None:
+        """Empty the parking queues: a test sees only what it parked itself."""
+        if not self._parking:
+            return
+        connection = pika.BlockingConnection(pika.URLParameters(self.amqp_url))
+        try:
+            channel = connection.channel()
+            for queue in sorted(self._parking):
+                channel.queue_purge(queue)
+        finally:
+            connection.close()
+
+
+@dataclass
+class TestTopology:
+    """A test's share of its module's :class:`SharedTopology`."""
+
+    __test__ = False  # not a test class, whatever pytest thinks of its name
+
+    shared: SharedTopology
+    prefix: str
+    """The test's own prefix: its connection names and users start with it."""
+
+    def dest(self, name: str) -> str:
+        """A destination name of this test's own, e.g. ``jobs-3fa2c1``."""
+        return f"{name}-{self.prefix.rsplit('-', 1)[-1]}"
+
+    def settings(self, destinations: Iterable[str], **extra: Any) -> Settings:
+        """See :meth:`SharedTopology.settings`; connections are named after the test."""
+        extra.setdefault("connection_name", self.prefix)
+        return self.shared.settings(destinations, **extra)
 
 
 async def wait_until(

@@ -9,7 +9,9 @@ import aio_pika
 import aiormq
 import pika
 import pytest
+from brokerctl import BrokerAdmin
 from support import Collector, work_queue
+from worker_helpers import TestTopology
 
 from rmqdelay import (
     Settings,
@@ -28,9 +30,30 @@ from rmqdelay.errors import PublisherClosedError, PublishNackedError
 LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
 
 
+@pytest.fixture
+def orders(shared_topology: TestTopology) -> str:
+    """This test's ``orders`` destination."""
+    return shared_topology.dest("orders")
+
+
+@pytest.fixture
+def other(shared_topology: TestTopology) -> str:
+    return shared_topology.dest("other")
+
+
 @pytest.fixture(params=["quorum", "classic"])
-def rmq(request: pytest.FixtureRequest, amqp_url: str, prefix: str) -> Iterator[Settings]:
-    """Settings for this test's prefix, with the topology applied for ``orders``."""
+def rmq(
+    request: pytest.FixtureRequest, shared_topology: TestTopology, orders: str, other: str
+) -> Settings:
+    """Settings on the module's topology of this queue type, with ``orders`` and
+    ``other`` applied."""
+    settings: Settings = shared_topology.settings([orders, other], queue_type=request.param)
+    return settings
+
+
+@pytest.fixture(params=["quorum", "classic"])
+def own_rmq(request: pytest.FixtureRequest, amqp_url: str, prefix: str) -> Iterator[Settings]:
+    """Like ``rmq``, on a topology of this test's own, for tests that change it."""
     settings = Settings(
         url=amqp_url,
         prefix=prefix,
@@ -43,28 +66,28 @@ def rmq(request: pytest.FixtureRequest, amqp_url: str, prefix: str) -> Iterator[
     yield settings
 
 
-async def test_seeds_case_arrives_in_due_order_none_early(rmq: Settings) -> None:
+async def test_seeds_case_arrives_in_due_order_none_early(rmq: Settings, orders: str) -> None:
     async with (
-        Collector(rmq.url, work_queue(rmq, "orders")) as collector,
+        Collector(rmq.url, work_queue(rmq, orders)) as collector,
         AsyncPublisher(rmq) as publisher,
     ):
         for seconds in (5, 4, 3, 2, 1):
-            await publisher.publish("orders", f"{seconds}s", delay=seconds)
+            await publisher.publish(orders, f"{seconds}s", delay=seconds)
         received = await collector.wait_for(5, timeout=15)
     assert [r.body for r in received] == [b"1s", b"2s", b"3s", b"4s", b"5s"]
     for r in received:
         assert 0 <= r.lateness_ms < LATE_BOUND_MS, (r.body, r.lateness_ms)
 
 
-async def test_random_delays_none_early_none_lost(rmq: Settings) -> None:
+async def test_random_delays_none_early_none_lost(rmq: Settings, orders: str) -> None:
     rng = random.Random(7)
     delays = [rng.choice([0, 0.01, 0.123, 0.5, 0.99, 1.0, 1.7, 2.5, 3.05]) for _ in range(300)]
     async with (
-        Collector(rmq.url, work_queue(rmq, "orders")) as collector,
+        Collector(rmq.url, work_queue(rmq, orders)) as collector,
         AsyncPublisher(rmq) as publisher,
     ):
         results = await publisher.publish_many(
-            {"destination": "orders", "body": str(i), "delay": d, "message_id": f"m{i}"}
+            {"destination": orders, "body": str(i), "delay": d, "message_id": f"m{i}"}
             for i, d in enumerate(delays)
         )
         received = await collector.wait_for(len(delays), timeout=30)
@@ -72,16 +95,16 @@ async def test_random_delays_none_early_none_lost(rmq: Settings) -> None:
     assert [r.message_id for r in results] == [f"m{i}" for i in range(len(delays))]
     assert sorted(r.message_id for r in received) == sorted(r.message_id for r in results)
     for r in received:
-        assert r.headers[DESTINATION] == "orders"
+        assert r.headers[DESTINATION] == orders
         assert r.lateness_ms >= 0, f"message {r.body!r} was early by {-r.lateness_ms} ms"
         assert r.lateness_ms < LATE_BOUND_MS * 2
 
 
-def test_sync_publisher_delivers_in_due_order(rmq: Settings) -> None:
+def test_sync_publisher_delivers_in_due_order(rmq: Settings, orders: str) -> None:
     with Publisher(rmq) as publisher:
         results = publisher.publish_many(
             [
-                {"destination": "orders", "body": f"{d}", "delay": d, "reply_to": "replies"}
+                {"destination": orders, "body": f"{d}", "delay": d, "reply_to": "replies"}
                 for d in (1.2, 0.6, 0)
             ]
         )
@@ -89,9 +112,10 @@ def test_sync_publisher_delivers_in_due_order(rmq: Settings) -> None:
     connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
     try:
         channel = connection.channel()
-        bodies = []
-        for method, props, body in channel.consume(work_queue(rmq, "orders"), inactivity_timeout=5):
-            assert method is not None, f"timed out after {bodies}"
+        bodies: list[bytes] = []
+        for method, props, body in channel.consume(work_queue(rmq, orders), inactivity_timeout=5):
+            assert method is not None and props is not None, f"timed out after {bodies}"
+            assert method.delivery_tag is not None and body is not None
             channel.basic_ack(method.delivery_tag)
             assert props.reply_to == "replies" and props.delivery_mode == 2
             bodies.append(body)
@@ -110,7 +134,7 @@ async def test_unknown_destination_raises_before_sending(rmq: Settings) -> None:
             await apublisher.publish("nowhere", b"x", delay=1)
 
 
-async def test_return_raises_unroutable(rmq: Settings) -> None:
+async def test_return_raises_unroutable(rmq: Settings, orders: str) -> None:
     """A cached destination whose queue vanished: the broker returns the message."""
     async with AsyncPublisher(rmq) as publisher:
         publisher.core.known_destinations.add("ghost")
@@ -122,7 +146,7 @@ async def test_return_raises_unroutable(rmq: Settings) -> None:
         with pytest.raises(UnroutableError, match="ghost"):
             sync_publisher.publish("ghost", b"x", delay=0)
         # the publisher still works after a return
-        assert sync_publisher.publish("orders", b"ok", delay=0).hops == 0
+        assert sync_publisher.publish(orders, b"ok", delay=0).hops == 0
 
 
 async def test_nack_raises(amqp_url: str, prefix: str) -> None:
@@ -140,13 +164,15 @@ async def test_nack_raises(amqp_url: str, prefix: str) -> None:
             await apublisher.publish("full", b"x", delay=0)
 
 
-def test_closed_connection_raises_not_success(rmq: Settings, admin, prefix: str) -> None:  # type: ignore[no-untyped-def]
+def test_closed_connection_raises_not_success(
+    rmq: Settings, orders: str, admin: BrokerAdmin, prefix: str
+) -> None:
     # on a connection it was given: one it opened itself reconnects (test_publisher_recovery)
     with Publisher(rmq, connection=connect_blocking(rmq, "pub")) as publisher:
-        publisher.publish("orders", b"warm", delay=0)
+        publisher.publish(orders, b"warm", delay=0)
         assert admin.close_connections(prefix) >= 1
         with pytest.raises(PublisherClosedError):
-            publisher.publish("orders", b"lost?", delay=0)
+            publisher.publish(orders, b"lost?", delay=0)
 
 
 def test_conflicting_delivery_limit_names_object_argument_and_values(
@@ -167,16 +193,19 @@ def test_conflicting_delivery_limit_names_object_argument_and_values(
     assert states[work_queue(rmq, "orders")].status == "differs"
 
 
-def test_existing_queue_with_other_arguments_stops_apply(rmq: Settings) -> None:
-    wanted = build_topology(rmq.layout, ["legacy"]).queue(work_queue(rmq, "legacy")).arguments
+def test_existing_queue_with_other_arguments_stops_apply(
+    rmq: Settings, shared_topology: TestTopology
+) -> None:
+    legacy = shared_topology.dest("legacy")
+    wanted = build_topology(rmq.layout, [legacy]).queue(work_queue(rmq, legacy)).arguments
     connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
     connection.channel().queue_declare(
-        work_queue(rmq, "legacy"), durable=True, arguments={**wanted, "x-max-length": 10}
+        work_queue(rmq, legacy), durable=True, arguments={**wanted, "x-max-length": 10}
     )
     connection.close()
     with TopologyManager(rmq) as manager, pytest.raises(TopologyConflictError) as info:
-        manager.apply(["legacy"])
-    assert info.value.name == work_queue(rmq, "legacy")
+        manager.apply([legacy])
+    assert info.value.name == work_queue(rmq, legacy)
     assert info.value.argument == "x-max-length"
     assert "10" in info.value.found
 
@@ -188,11 +217,11 @@ def test_conflicting_queue_type(rmq: Settings) -> None:
         manager.apply()
 
 
-def test_verify_finds_a_missing_object(rmq: Settings) -> None:
-    with TopologyManager(rmq) as manager:
+def test_verify_finds_a_missing_object(own_rmq: Settings) -> None:
+    with TopologyManager(own_rmq) as manager:
         assert manager.verify(["orders"]) == []
         tier = manager.layout.tiers[3].queue
-        connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+        connection = pika.BlockingConnection(pika.URLParameters(own_rmq.url))
         connection.channel().queue_delete(tier)
         connection.close()
         problems = manager.verify(["orders"])
@@ -202,47 +231,47 @@ def test_verify_finds_a_missing_object(rmq: Settings) -> None:
         assert any(s.name == tier and s.status == "missing" for s in manager.plan(["orders"]))
 
 
-async def test_deleted_destination_parks_and_does_not_stall_the_tier(rmq: Settings) -> None:
+async def test_deleted_destination_parks_and_does_not_stall_the_tier(
+    rmq: Settings, orders: str, other: str
+) -> None:
     async with AsyncPublisher(rmq) as publisher:
-        doomed = await publisher.publish("orders", b"doomed", delay=1, headers={"k": "v"})
+        doomed = await publisher.publish(orders, b"doomed", delay=1, headers={"k": "v"})
         connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
-        connection.channel().queue_delete(work_queue(rmq, "orders"))
+        connection.channel().queue_delete(work_queue(rmq, orders))
         connection.close()
         async with (
-            Collector(rmq.url, work_queue(rmq, "other")) as other,
+            Collector(rmq.url, work_queue(rmq, other)) as other_queue,
             Collector(rmq.url, f"{rmq.prefix}.parking") as parking,
         ):
             # Published after, through the same tiers: must not wait behind the doomed one.
-            survivor = await publisher.publish("other", b"later", delay=1)
+            survivor = await publisher.publish(other, b"later", delay=1)
             parked = await parking.wait_for(1, timeout=10)
-            arrived = await other.wait_for(1, timeout=10)
+            arrived = await other_queue.wait_for(1, timeout=10)
     assert [p.message_id for p in parked] == [doomed.message_id]
     assert parked[0].body == b"doomed"
     assert parked[0].headers["k"] == "v"
-    assert parked[0].headers[DESTINATION] == "orders"
+    assert parked[0].headers[DESTINATION] == orders
     assert parked[0].headers[DUE_AT] == doomed.due_at_ms
     assert [a.message_id for a in arrived] == [survivor.message_id]
     assert 0 <= arrived[0].lateness_ms < LATE_BOUND_MS
 
 
 async def test_limited_user_publishes_and_consumes_without_configure(
-    rmq: Settings,
-    admin,  # type: ignore[no-untyped-def]
-    prefix: str,
+    rmq: Settings, orders: str, admin: BrokerAdmin, prefix: str
 ) -> None:
     user, password = f"{prefix}-user", "s3cret-pw"
     admin.add_user(user, password, configure="^$", write=".*", read=".*")
     host = rmq.url.split("@", 1)[1]
     limited = rmq.model_copy(update={"url": f"amqp://{user}:{password}@{host}"})
     with TopologyManager(limited) as manager:
-        assert manager.verify(["orders"]) == []
+        assert manager.verify([orders]) == []
     async with (
-        Collector(limited.url, work_queue(rmq, "orders")) as collector,
+        Collector(limited.url, work_queue(rmq, orders)) as collector,
         AsyncPublisher(limited) as publisher,
     ):
-        await publisher.publish("orders", b"a", delay=0.3)
+        await publisher.publish(orders, b"a", delay=0.3)
         with Publisher(limited) as sync_publisher:
-            sync_publisher.publish("orders", b"b", delay=0.1)
+            sync_publisher.publish(orders, b"b", delay=0.1)
         received = await collector.wait_for(2, timeout=10)
     assert sorted(r.body for r in received) == [b"a", b"b"]
     connection = await aio_pika.connect(limited.url)

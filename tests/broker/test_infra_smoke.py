@@ -1,4 +1,5 @@
-"""Smoke tests of the test infrastructure: scripts/broker.py, tests/brokerctl.py, fixtures."""
+"""Smoke tests of the test infrastructure on the broker: scripts/broker.py, tests/brokerctl.py,
+fixtures.  The parts that need no broker are in tests/unit/test_infra_units.py."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import re
 import time
 import urllib.parse
 import uuid
-from typing import Any
+from types import ModuleType
 
 import pika
 import pytest
-from broker import BrokerInfo, mask_url
-from brokerctl import BrokerAdmin, delete_prefixed, make_prefix
-from brokers import base, container, debian, find
+from broker import BrokerInfo
+from broker_fakes import FakeContainer
+from brokerctl import BrokerAdmin, delete_prefixed
+from brokers import container
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 
@@ -30,39 +32,6 @@ def _connect(url: str, name: str) -> pika.BlockingConnection:
     params.client_properties = {"connection_name": name}
     params.connection_attempts = 1
     return pika.BlockingConnection(params)
-
-
-# --------------------------------------------------------------------------- no broker
-
-
-@pytest.mark.parametrize(
-    ("url", "masked"),
-    [
-        ("amqp://guest:guest@127.0.0.1:5672/%2F", "amqp://guest:***@127.0.0.1:5672/%2F"),
-        ("amqps://u:p%40ss@h:5671/v?heartbeat=5", "amqps://u:***@h:5671/v?heartbeat=5"),
-        ("amqp://u:p@ss@h/%2F", "amqp://u:***@h/%2F"),
-        ("amqp://host:5672/%2F", "amqp://host:5672/%2F"),
-        ("amqp://user@host/", "amqp://user@host/"),
-    ],
-)
-def test_mask_url(url: str, masked: str) -> None:
-    assert mask_url(url) == masked
-
-
-def test_broker_info_repr_hides_password() -> None:
-    info = BrokerInfo("amqp://u:s3cret@h:5672/%2F", None, "env")
-    assert "s3cret" not in repr(info) and "s3cret" not in str(info)
-
-
-def test_prefix_shape(prefix: str) -> None:
-    assert re.fullmatch(r"t-[a-z0-9-]+-[0-9a-f]{6}", prefix)
-    assert "prefix-shape" in prefix
-    long = make_prefix("test_" + "Very_Long[Param-Ünïcode]" * 5)
-    assert len(long) <= 40 and re.fullmatch(r"[a-z0-9-]+", long)
-    assert make_prefix("test_x") != make_prefix("test_x")
-
-
-# --------------------------------------------------------------------------- broker
 
 
 def test_broker_fixture(broker: BrokerInfo, amqp_url: str, admin: BrokerAdmin) -> None:
@@ -178,135 +147,18 @@ def test_cleanup_removed_everything(admin: BrokerAdmin, amqp_url: str) -> None:
 # --------------------------------------------------------------------------- broker.py sources
 
 
-class _FakeContainer:
-    """Stands in for RabbitMqContainer, pointing at the session's (local) broker."""
-
-    stopped: list[bool] = []  # noqa: RUF012
-
-    def __init__(self, image: str, fail: bool = False) -> None:
-        self.image, self.fail = image, fail
-        self.port, self.username, self.password = 5672, "guest", "guest"
-        self.env: dict[str, str] = {}
-
-    def with_exposed_ports(self, *ports: int) -> _FakeContainer:
-        return self
-
-    def with_env(self, key: str, value: str) -> _FakeContainer:
-        self.env[key] = value
-        return self
-
-    def start(self) -> _FakeContainer:
-        if self.fail:
-            raise RuntimeError("pull access denied")
-        return self
-
-    def get_container_host_ip(self) -> str:
-        return "127.0.0.1"
-
-    def get_exposed_port(self, port: int) -> int:
-        return port
-
-    def stop(self) -> None:
-        self.stopped.append(True)
-
-
-@pytest.fixture
-def no_broker_here(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """scripts/broker.py on a machine with no env URL, nothing on :5672, no Docker, no
-    Debian server and no root."""
-    import broker as broker_module
-
-    monkeypatch.delenv("RMQDELAY_URL", raising=False)
-    monkeypatch.setattr(find, "LOCAL_PORT", 1)  # nothing listens on port 1
-    monkeypatch.setattr(container, "docker_available", lambda: (False, "no engine"))
-    monkeypatch.setattr(debian, "DEBIAN_SERVER", "/nonexistent/rabbitmq-server")
-    monkeypatch.setattr(debian, "is_root", lambda: False)
-    monkeypatch.setattr(find, "MANAGEMENT_TIMEOUT", 2.0)
-    return broker_module
-
-
-def test_no_source_explains_what_to_do(
-    no_broker_here: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(no_broker_here.BrokerUnavailable) as info, no_broker_here.ensure_broker():
-        pass
-    text = str(info.value)
-    assert "RMQDELAY_URL" in text and "rabbitmq-server" in text and "Docker" in text
-    assert no_broker_here.plan().source is None
-    assert no_broker_here.main(["--check"]) == 1
-    assert no_broker_here.main([]) == 1
-    out = capsys.readouterr()
-    assert out.out == "" and "RMQDELAY_URL" in out.err
-
-
 def test_testcontainers_source_lives_with_the_block(
-    no_broker_here: Any, broker: BrokerInfo, monkeypatch: pytest.MonkeyPatch
+    no_broker_here: ModuleType, broker: BrokerInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if broker.source == "testcontainers" or not broker.url.startswith("amqp://guest:guest@"):
         pytest.skip("the fake container points at a local guest/guest broker on 5672")
     monkeypatch.setattr(container, "docker_available", lambda: (True, "fake engine"))
-    monkeypatch.setattr(container, "container_class", lambda: _FakeContainer)
-    _FakeContainer.stopped.clear()
+    monkeypatch.setattr(container, "container_class", lambda: FakeContainer)
+    FakeContainer.stopped.clear()
     with no_broker_here.ensure_broker() as info:
         assert info.source == "testcontainers"
         assert info.url == "amqp://guest:guest@127.0.0.1:5672/%2F"
-        assert not _FakeContainer.stopped
-    assert _FakeContainer.stopped == [True]
+        assert not FakeContainer.stopped
+    assert FakeContainer.stopped == [True]
     # the CLI does not start a container that would die with it
     assert no_broker_here.main(["-q"]) == 0
-
-
-def test_failed_container_falls_through(
-    no_broker_here: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(container, "docker_available", lambda: (True, "fake engine"))
-    monkeypatch.setattr(
-        container, "container_class", lambda: lambda image: _FakeContainer(image, fail=True)
-    )
-    with (
-        pytest.raises(no_broker_here.BrokerUnavailable, match="pull access denied"),
-        no_broker_here.ensure_broker(),
-    ):
-        pass
-
-
-def test_debian_start_that_never_answers(
-    no_broker_here: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
-) -> None:
-    marker = tmp_path / "started"
-    server = tmp_path / "rabbitmq-server"
-    server.write_text(f'#!/bin/sh\n[ "$1" = -detached ] && echo "$1" > {marker}\n')
-    server.chmod(0o755)
-    monkeypatch.setattr(debian, "DEBIAN_SERVER", str(server))
-    monkeypatch.setattr(debian, "START_TIMEOUT", 1.0)
-    assert no_broker_here.plan().source == "debian"
-    with (
-        pytest.raises(no_broker_here.BrokerUnavailable, match="did not answer within 1s"),
-        no_broker_here.ensure_broker(),
-    ):
-        pass
-    assert marker.read_text().strip() == "-detached"
-
-
-def test_enabling_management_on_a_broker_not_ours_says_so_first(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """No broker's plugins change here: rabbitmq-plugins is replaced; the notice is real."""
-    enabled: list[tuple[str, ...]] = []
-
-    def enable_plugins(node: Any, *plugins: str) -> tuple[bool, str]:
-        enabled.append(plugins)
-        return True, "enabled"
-
-    monkeypatch.setattr(base, "_quiet", True)  # the notice prints even with --quiet
-    monkeypatch.setattr(find, "management_ok", lambda *args, **kwargs: bool(enabled))
-    monkeypatch.setattr(debian, "is_root", lambda: True)
-    monkeypatch.setattr(debian, "plugin_listed", lambda node, plugin: False)
-    monkeypatch.setattr(debian, "enable_plugins", enable_plugins)
-    monkeypatch.setattr(debian, "has_tool", lambda node, tool: True)
-    info = find._with_management(BrokerInfo(find.local_url(), None, "local"))
-    err = capsys.readouterr().err
-    assert "NOTE: enabling the rabbitmq_management plugin on the broker at 127.0.0.1:5672" in err
-    assert "not started by scripts/broker.py" in err and "--no-management" in err
-    assert enabled == [("rabbitmq_management",)]
-    assert info.management_url == "http://127.0.0.1:15672"

@@ -8,9 +8,8 @@ import time
 import aio_pika
 import pika
 import pytest
-from worker_helpers import make_settings
 
-from rmqdelay import ConfigurationError, Settings
+from rmqdelay import ConfigurationError, Settings, build_topology
 from rmqdelay.amqp.journal import (
     JournalTail,
     cancel,
@@ -50,7 +49,28 @@ def _records(n: int, start: int = 0) -> list[JournalRecord]:
 
 @pytest.fixture
 def settings(amqp_url: str, prefix: str) -> Settings:
-    made: Settings = make_settings(amqp_url, prefix, ["orders"], max_delay="1m")
+    """Settings for this test's prefix, with the schedule journal declared as ``topology
+    apply`` declares it, and nothing else: each test needs a journal of its own, and none
+    needs the tiers (a topology's quorum queues)."""
+    made = Settings(url=amqp_url, prefix=prefix, max_delay="1m", connection_name=prefix)
+    topology = build_topology(made.layout)
+    name = journal_name(made.layout)
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        for exchange in topology.exchanges:
+            if exchange.name == name:
+                channel.exchange_declare(
+                    name, exchange.type, durable=True, arguments=dict(exchange.arguments)
+                )
+        [journal] = [q for q in topology.queues if q.role == "journal"]
+        assert journal.name == name
+        channel.queue_declare(name, durable=True, arguments=dict(journal.arguments))
+        for binding in topology.bindings:
+            if binding.destination == name:
+                channel.queue_bind(name, binding.source, binding.routing_key)
+    finally:
+        connection.close()
     return made
 
 

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from broker import BrokerInfo
-from brokerctl import BrokerAdmin
+from brokerctl import BrokerAdmin, make_prefix
 
 from rmqdelay import Settings, TopologyManager
 
@@ -44,13 +45,19 @@ def management_url(broker: BrokerInfo) -> str:
     return broker.management_url
 
 
-@pytest.fixture
-def env(amqp_url: str, prefix: str) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def env(amqp_url: str, admin: BrokerAdmin) -> Iterator[dict[str, str]]:
+    """The CLI's environment, with the topology applied for ``jobs``: one for the module,
+    whose tests only read it."""
+    prefix = make_prefix("management-url")
     env = {**os.environ, "RMQDELAY_URL": amqp_url, "RMQDELAY_PREFIX": prefix, "COLUMNS": "250"}
     env["RMQDELAY_MAX_DELAY"] = "1m"
     env.pop("RMQDELAY_MANAGEMENT_URL", None)
-    assert run(env, "apply", "-d", "jobs").returncode == 0
-    return env
+    try:
+        assert run(env, "apply", "-d", "jobs").returncode == 0
+        yield env
+    finally:
+        admin.cleanup_prefix(prefix)
 
 
 def test_unreachable_management_url_is_said_not_missing(env: dict[str, str]) -> None:
@@ -68,7 +75,7 @@ def test_unreachable_management_url_is_said_not_missing(env: dict[str, str]) -> 
 
 
 def test_the_right_management_url_checks_bindings(
-    env: dict[str, str], management_url: str, amqp_url: str, prefix: str
+    env: dict[str, str], management_url: str, amqp_url: str
 ) -> None:
     verify = run(env, "verify", "-d", "jobs", "--management-url", management_url)
     assert verify.returncode == 0, verify.stderr
@@ -78,6 +85,7 @@ def test_the_right_management_url_checks_bindings(
     assert plan.returncode == 0, plan.stderr
     assert "unchecked" not in plan.stdout and "binding" in plan.stdout
 
+    prefix = env["RMQDELAY_PREFIX"]
     settings = Settings(url=amqp_url, prefix=prefix, max_delay="1m", management_url=management_url)
     with TopologyManager(settings) as manager:
         assert manager.management_problem is None

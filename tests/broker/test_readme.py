@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from readme_blocks import PYTHON_BLOCKS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+# tests/unit/test_readme_blocks.py checks that there are blocks to run
 
 
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+@pytest.mark.parametrize(
+    "code", PYTHON_BLOCKS, ids=[f"block{i}" for i in range(len(PYTHON_BLOCKS))]
+)
 def test_readme_python_block_runs(code: str, amqp_url: str, prefix: str, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(code)
@@ -29,7 +30,3 @@ def test_readme_python_block_runs(code: str, amqp_url: str, prefix: str, tmp_pat
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr[-2000:]
-
-
-def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 2

@@ -9,41 +9,17 @@ synopses are ``text`` blocks, not ``sh``.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from readme_blocks import RUNNABLE_SH, commands
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SH_BLOCKS = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.S)
-
-
-def _commands(block: str) -> list[str]:
-    lines = (line.split("#", 1)[0].strip() for line in block.splitlines())
-    return [line for line in lines if line]
+# tests/unit/test_readme_blocks.py checks that the quickstart's block is among these
 
 
-def _runnable(block: str) -> bool:
-    commands = _commands(block)
-    return bool(commands) and all(
-        (c.startswith("rmqdelay ") and not c.startswith("rmqdelay worker "))
-        or c.startswith("export RMQDELAY_")
-        for c in commands
-    )
-
-
-RUNNABLE = [b for b in SH_BLOCKS if _runnable(b)]
-
-
-def test_the_quickstart_commands_are_among_the_runnable_blocks() -> None:
-    assert any("rmqdelay publish" in b and "rmqdelay consume" in b for b in RUNNABLE), (
-        "the quickstart's publish/consume block is no longer picked up by this test"
-    )
-
-
-@pytest.mark.parametrize("block", RUNNABLE, ids=[f"sh{i}" for i in range(len(RUNNABLE))])
+@pytest.mark.parametrize("block", RUNNABLE_SH, ids=[f"sh{i}" for i in range(len(RUNNABLE_SH))])
 def test_readme_shell_block_runs(block: str, amqp_url: str, prefix: str) -> None:
     env = {
         **os.environ,
@@ -53,7 +29,7 @@ def test_readme_shell_block_runs(block: str, amqp_url: str, prefix: str) -> None
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     # the example's own broker URL gives way to the test broker's
-    script = "\n".join(c for c in _commands(block) if not c.startswith("export RMQDELAY_URL="))
+    script = "\n".join(c for c in commands(block) if not c.startswith("export RMQDELAY_URL="))
     result = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         env=env,

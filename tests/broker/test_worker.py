@@ -12,15 +12,14 @@ from prometheus_client import REGISTRY
 from pydantic import BaseModel
 from worker_helpers import (
     Calls,
+    TestTopology,
     drain,
-    make_settings,
     parking_queue,
     queue_depth,
     wait_until,
     work_queue,
 )
 
-import rmqdelay.core.messages
 from rmqdelay import plan_delay
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.amqp.parked_queue import ParkedQueue
@@ -46,20 +45,21 @@ class OrderTimeout(BaseModel):
     customer: str
 
 
-async def test_success_acks_and_handles_exactly_once(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+async def test_success_acks_and_handles_exactly_once(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: OrderTimeout, ctx: Context) -> None:
         calls.record(msg, ctx)
 
-    acked = {"destination": DEST, "outcome": "acked"}
+    acked = {"destination": dest, "outcome": "acked"}
     before = REGISTRY.get_sample_value("rmqdelay_messages_total", acked) or 0
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
         sent = await publisher.publish(
-            DEST, OrderTimeout(order_id=7, customer="ada"), delay="200ms"
+            dest, OrderTimeout(order_id=7, customer="ada"), delay="200ms"
         )
         await wait_until(lambda: len(calls) >= 1, 10, "the handler call")
         await asyncio.sleep(0.5)  # room for a wrong second delivery to show up
@@ -71,27 +71,28 @@ async def test_success_acks_and_handles_exactly_once(amqp_url: str, prefix: str)
     assert call.at * 1000 >= sent.due_at_ms
     assert REGISTRY.get_sample_value("rmqdelay_messages_total", acked) == before + 1
     # Stopped, so anything unacked would be back in the queue by now.
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
 
 
 @pytest.mark.parametrize("queue_type", ["quorum", "classic"])
 async def test_fails_twice_then_succeeds_at_the_retry_delays(
-    amqp_url: str, prefix: str, queue_type: str
+    shared_topology: TestTopology, queue_type: str
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST], queue_type=queue_type)
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest], queue_type=queue_type)
     app = Worker(settings)
     calls = Calls()
     delays = (0.3, 0.6)
 
-    @app.handler(DEST, max_attempts=5, backoff=Backoff.schedule([f"{d}s" for d in delays]))
+    @app.handler(dest, max_attempts=5, backoff=Backoff.schedule([f"{d}s" for d in delays]))
     def handle(msg: dict[str, Any], ctx: Context) -> None:  # sync: runs in the thread pool
         calls.record(msg, ctx)
         if ctx.attempt < 3:
             raise ConnectionError(f"downstream unavailable (attempt {ctx.attempt})")
 
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        sent = await publisher.publish(DEST, {"n": 1}, delay=0, headers={"tenant": "acme"})
+        sent = await publisher.publish(dest, {"n": 1}, delay=0, headers={"tenant": "acme"})
         await wait_until(lambda: len(calls) >= 3, 15, "three handler calls")
         await asyncio.sleep(0.5)
     assert [c.attempt for c in calls.items] == [1, 2, 3]
@@ -103,7 +104,7 @@ async def test_fails_twice_then_succeeds_at_the_retry_delays(
         assert gap >= delay, f"retry came early: {gap:.3f}s < {delay}s"
         assert gap < delay + 3, f"retry far too late: {gap:.3f}s"
         assert after.lateness is not None and after.lateness.total_seconds() >= 0
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
 
 
@@ -119,13 +120,14 @@ PROPERTIES: dict[str, Any] = {
 
 
 async def test_always_failing_message_is_parked_after_max_attempts(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST, max_attempts=3, backoff=Backoff.constant("50ms"))
+    @app.handler(dest, max_attempts=3, backoff=Backoff.constant("50ms"))
     async def handle(msg: bytes, ctx: Context) -> None:
         calls.record(msg, ctx)
         raise ValueError(f"cannot charge card (attempt {ctx.attempt})")
@@ -133,7 +135,7 @@ async def test_always_failing_message_is_parked_after_max_attempts(
     parking = parking_queue(settings)
     async with AsyncPublisher(settings) as publisher, app.running():
         sent = await publisher.publish(
-            DEST, b"\x00raw", delay=0, headers={"tenant": "acme"}, **PROPERTIES
+            dest, b"\x00raw", delay=0, headers={"tenant": "acme"}, **PROPERTIES
         )
         await wait_until(lambda: len(calls) >= 3, 10, "three attempts")
         deadline = time.monotonic() + 10
@@ -149,42 +151,45 @@ async def test_always_failing_message_is_parked_after_max_attempts(
     assert {name: getattr(parked, name) for name in PROPERTIES} == PROPERTIES
     assert headers["tenant"] == "acme"
     assert headers[ATTEMPT] == 3
-    assert headers[DESTINATION] == DEST
+    assert headers[DESTINATION] == dest
     assert headers[PARKED_ATTEMPTS] == 3
-    assert headers[PARKED_DESTINATION] == DEST
-    assert "gave up after 3 of 3 attempts" in headers[PARKED_REASON]
-    assert "ValueError: cannot charge card (attempt 3)" in headers[PARKED_REASON]
+    assert headers[PARKED_DESTINATION] == dest
+    reason, trace, parked_at = headers[PARKED_REASON], headers[PARKED_TRACEBACK], headers[PARKED_AT]
+    assert isinstance(reason, str) and isinstance(trace, str) and isinstance(parked_at, int)
+    assert "gave up after 3 of 3 attempts" in reason
+    assert "ValueError: cannot charge card (attempt 3)" in reason
     assert headers[PARKED_ERROR_TYPE] == "builtins.ValueError"
     assert headers[PARKED_ERROR] == "cannot charge card (attempt 3)"
-    assert "raise ValueError" in headers[PARKED_TRACEBACK]
-    assert abs(headers[PARKED_AT] - time.time() * 1000) < 60_000
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert "raise ValueError" in trace
+    assert abs(parked_at - time.time() * 1000) < 60_000
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
 
 
 async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
     """The dead-letter cycle trap. Before RabbitMQ 4.0.1, a message dead-lettered into a
     queue already in its ``x-death`` (with no rejection in between) is dropped silently.
     A retry of 170 ms takes two hops, tier 160 ms then tier 10 ms: the second time round,
     the 160 ms tier dead-letters into the 10 ms tier, which an unstripped ``x-death``
     already names, so the retry would vanish."""
-    settings = make_settings(amqp_url, prefix, [DEST])
-    plan = plan_delay(settings.layout, 170_000, DEST)
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
+    plan = plan_delay(settings.layout, 170_000, dest)
     assert len(plan.hops) == 2  # every retry goes through these two tier queues
     tiers = {t.queue for t in plan.hops}
     app = Worker(settings)
     calls = Calls()
     failures = 6
 
-    @app.handler(DEST, max_attempts=10, backoff=Backoff.constant("170ms"))
+    @app.handler(dest, max_attempts=10, backoff=Backoff.constant("170ms"))
     async def handle(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         if ctx.attempt <= failures:
             raise Retry(reason="not yet")
 
     async with AsyncPublisher(settings) as publisher, app.running():
-        sent = await publisher.publish(DEST, "cycle", delay="170ms")
+        sent = await publisher.publish(dest, "cycle", delay="170ms")
         await wait_until(
             lambda: len(calls) >= failures + 1,
             15,
@@ -202,43 +207,45 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
         assert all(d["count"] == 1 and d["reason"] == "expired" for d in deaths.values())
 
 
-async def test_requeue_delivers_the_message_again(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+async def test_requeue_delivers_the_message_again(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         if len(calls) == 1:
             raise Requeue("lock busy")
 
     async with AsyncPublisher(settings) as publisher, app.running():
-        sent = await publisher.publish(DEST, "again", delay=0)
+        sent = await publisher.publish(dest, "again", delay=0)
         await wait_until(lambda: len(calls) >= 2, 10, "the second delivery")
         await asyncio.sleep(0.3)
     first, second = calls.items
     assert first.message_id == second.message_id == sent.message_id
     assert (first.attempt, second.attempt) == (1, 1)  # no retry: the same attempt
     assert (first.redelivered, second.redelivered) == (False, True)
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
 
 
 async def test_requeue_forever_is_parked_by_the_quorum_delivery_limit(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST], delivery_limit=3)
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest], delivery_limit=3)
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         raise Requeue("never ready")
 
     parking = parking_queue(settings)
     async with AsyncPublisher(settings) as publisher, app.running():
-        sent = await publisher.publish(DEST, "loop", delay=0)
+        sent = await publisher.publish(dest, "loop", delay=0)
         deadline = time.monotonic() + 10
         while await queue_depth(settings, parking) < 1:
             assert time.monotonic() < deadline, f"not parked after {len(calls)} deliveries"
@@ -249,51 +256,53 @@ async def test_requeue_forever_is_parked_by_the_quorum_delivery_limit(
         total, [item] = await parked.list()
     assert total == 1
     assert item.message_id == sent.message_id
-    assert item.destination == DEST
+    assert item.destination == dest
     assert "delivery limit" in item.reason
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
 
 
 async def test_requeue_forever_on_a_classic_queue_keeps_coming_back(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
     """Classic queues have no delivery limit: a message requeued forever is never parked.
     It comes back until the handler stops raising Requeue (use Retry to bound it)."""
-    settings = make_settings(amqp_url, prefix, [DEST], queue_type="classic")
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest], queue_type="classic")
     app = Worker(settings)
     calls = Calls()
     rounds = 30
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         if len(calls) < rounds:
             raise Requeue("never ready")
 
     async with AsyncPublisher(settings) as publisher, app.running():
-        await publisher.publish(DEST, "loop", delay=0)
+        await publisher.publish(dest, "loop", delay=0)
         await wait_until(lambda: len(calls) >= rounds, 10, f"{rounds} deliveries")
         await asyncio.sleep(0.3)
     assert len(calls) == rounds
     assert all(c.attempt == 1 for c in calls.items)
     assert await queue_depth(settings, parking_queue(settings)) == 0
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
 
 
 async def test_invalid_body_is_parked_at_once_with_a_clear_reason(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST, max_attempts=5)
+    @app.handler(dest, max_attempts=5)
     async def handle(msg: OrderTimeout, ctx: Context) -> None:
         calls.record(msg, ctx)
 
     parking = parking_queue(settings)
     async with AsyncPublisher(settings) as publisher, app.running():
-        sent = await publisher.publish(DEST, {"order_id": "seven"}, delay=0)
+        sent = await publisher.publish(dest, {"order_id": "seven"}, delay=0)
         deadline = time.monotonic() + 10
         while await queue_depth(settings, parking) < 1:
             assert time.monotonic() < deadline, "the bad body was not parked"
@@ -309,29 +318,30 @@ async def test_invalid_body_is_parked_at_once_with_a_clear_reason(
 
 
 async def test_park_signal_and_unmatched_errors_park_without_retrying(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, ["a", "b", "c"])
+    a, b, c = (shared_topology.dest(name) for name in "abc")
+    settings = shared_topology.settings([a, b, c])
     app = Worker(settings, retry_on=(ConnectionError,))
     calls = Calls()
 
-    @app.handler("a")
+    @app.handler(a)
     async def park_it(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         raise Park("customer deleted")
 
-    @app.handler("b")
+    @app.handler(b)
     def not_retryable(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         raise KeyError("sku")
 
-    @app.handler("c")
+    @app.handler(c)
     async def too_far(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         raise Retry(delay="2h")  # over max_delay=1h: cannot go round the tiers
 
     async with AsyncPublisher(settings) as publisher, app.running():
-        for destination in "abc":
+        for destination in (a, b, c):
             await publisher.publish(destination, "x", delay=0)
         deadline = time.monotonic() + 10
         while await queue_depth(settings, parking_queue(settings)) < 3:
@@ -341,58 +351,66 @@ async def test_park_signal_and_unmatched_errors_park_without_retrying(
     async with ParkedQueue(settings) as parked:
         _total, items = await parked.list()
     reasons = {i.destination: i.reason for i in items}
-    assert reasons["a"] == "customer deleted"
-    assert reasons["b"] == "KeyError: 'sku' (not in the handler's retry_on)"
+    assert reasons[a] == "customer deleted"
+    assert reasons[b] == "KeyError: 'sku' (not in the handler's retry_on)"
     traces = {i.destination: i.traceback or "" for i in items}
-    assert 'raise KeyError("sku")' in traces["b"]  # a sync handler's own frame, from its thread
-    assert reasons["c"].startswith("Retry; the retry could not be published: delay of 2h")
-    assert "raise max_delay" in reasons["c"]
+    assert 'raise KeyError("sku")' in traces[b]  # a sync handler's own frame, from its thread
+    assert reasons[c].startswith("Retry; the retry could not be published: delay of 2h")
+    assert "raise max_delay" in reasons[c]
 
 
-async def test_context_publish_from_async_and_sync_handlers(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, ["start", "sync", "done"])
+async def test_context_publish_from_async_and_sync_handlers(
+    shared_topology: TestTopology,
+) -> None:
+    start_, sync_, done_ = (shared_topology.dest(name) for name in ("start", "sync", "done"))
+    settings = shared_topology.settings([start_, sync_, done_])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler("start")
+    @app.handler(start_)
     async def start(msg: dict[str, int], ctx: Context) -> None:
-        await ctx.publish("sync", {"n": msg["n"] + 1}, delay="100ms")
+        await ctx.publish(sync_, {"n": msg["n"] + 1}, delay="100ms")
 
-    @app.handler("sync")
+    @app.handler(sync_)
     def middle(msg: dict[str, int], ctx: Context) -> None:
-        ctx.publish_sync("done", {"n": msg["n"] + 1}, delay=0, correlation_id=ctx.message_id)
+        ctx.publish_sync(done_, {"n": msg["n"] + 1}, delay=0, correlation_id=ctx.message_id)
 
-    @app.handler("done")
+    @app.handler(done_)
     async def done(msg: dict[str, int], ctx: Context) -> None:
         calls.record(msg, ctx)
 
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        await publisher.publish("start", {"n": 1}, delay=0)
+        await publisher.publish(start_, {"n": 1}, delay=0)
         await wait_until(lambda: len(calls) >= 1, 10, "the chained message")
     assert calls.items[0].value == {"n": 3}
 
 
 async def test_connection_loss_reconnects_and_finishes_every_message(
-    amqp_url: str, prefix: str, admin: BrokerAdmin
+    shared_topology: TestTopology, admin: BrokerAdmin
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST], connection_name=f"{prefix}-w")
-    publish_settings = settings.model_copy(update={"connection_name": f"{prefix}-p"})
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest], connection_name=f"{shared_topology.prefix}-w")
+    publish_settings = settings.model_copy(
+        update={"connection_name": f"{shared_topology.prefix}-p"}
+    )
     app = Worker(settings)
     calls = Calls()
     total = 40
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: str, ctx: Context) -> None:
         await asyncio.sleep(0.03)
         calls.record(msg, ctx)
 
     async with AsyncPublisher(publish_settings) as publisher:
         sent = await publisher.publish_many(
-            {"destination": DEST, "body": str(i), "delay": 0} for i in range(total)
+            {"destination": dest, "body": str(i), "delay": 0} for i in range(total)
         )
         async with app.running(concurrency=2) as runner:
             await wait_until(lambda: len(calls) >= 8, 10, "the first messages")
-            closed = await asyncio.to_thread(admin.close_connections, f"{prefix}-w.worker")
+            closed = await asyncio.to_thread(
+                admin.close_connections, f"{shared_topology.prefix}-w.worker"
+            )
             assert closed == 1
             await wait_until(lambda: runner.connects >= 2, 20, "the reconnect")
             ids = {s.message_id for s in sent}
@@ -400,26 +418,21 @@ async def test_connection_loss_reconnects_and_finishes_every_message(
                 lambda: ids <= {c.message_id for c in calls.items}, 20, "every message"
             )
     assert runner.connects >= 2
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
     duplicates = len(calls) - len({c.message_id for c in calls.items})
     assert duplicates <= 4  # at most what was in flight (concurrency + prefetch)
 
 
-async def test_missing_work_queue_is_a_clear_startup_error(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+async def test_missing_work_queue_is_a_clear_startup_error(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
 
-    @app.handler("nowhere")
+    @app.handler(shared_topology.dest("nowhere"))
     async def handle(msg: bytes) -> None:
         raise AssertionError("never called")
 
     with pytest.raises(WorkerError, match=r"work queue .*nowhere.* does not exist: run"):
         async with app.running():
             pass
-
-
-def test_cleaned_headers_are_what_keeps_the_cycle_test_honest() -> None:
-    """The cycle test above relies on this stripping; keep the two in step."""
-    headers = {"x-death": [{}], "x-first-death-queue": "q", "x-last-death-reason": "r", "k": 1}
-    assert rmqdelay.core.messages.clean_headers(headers) == {"k": 1}

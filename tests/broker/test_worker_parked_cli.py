@@ -9,8 +9,8 @@ from typing import Any
 from typer.testing import CliRunner
 from worker_helpers import (
     Calls,
+    TestTopology,
     drain,
-    make_settings,
     parking_queue,
     queue_depth,
     wait_until,
@@ -49,13 +49,14 @@ async def wait_parked(settings: Settings, count: int) -> None:
     raise AssertionError(f"fewer than {count} messages were parked")
 
 
-async def test_parked_list_then_replay_delivers_them_back(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, ["orders", "emails"])
+async def test_parked_list_then_replay_delivers_them_back(shared_topology: TestTopology) -> None:
+    orders, emails = shared_topology.dest("orders"), shared_topology.dest("emails")
+    settings = shared_topology.settings([orders, emails])
     app = Worker(settings)
     calls = Calls()
     broken = True
 
-    @app.handler("orders", max_attempts=2, backoff=Backoff.constant("50ms"))
+    @app.handler(orders, max_attempts=2, backoff=Backoff.constant("50ms"))
     async def handle(msg: dict[str, Any], ctx: Context) -> None:
         calls.record(msg, ctx)
         if broken:
@@ -63,7 +64,7 @@ async def test_parked_list_then_replay_delivers_them_back(amqp_url: str, prefix:
 
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=3):
         sent = await publisher.publish_many(
-            {"destination": "orders", "body": {"order": i}, "delay": 0, "headers": {"k": i}}
+            {"destination": orders, "body": {"order": i}, "delay": 0, "headers": {"k": i}}
             for i in range(3)
         )
         ids = {s.message_id for s in sent}
@@ -74,7 +75,7 @@ async def test_parked_list_then_replay_delivers_them_back(amqp_url: str, prefix:
         listed = json.loads(output)
         assert {item["message_id"] for item in listed} == ids
         for item in listed:
-            assert item["destination"] == "orders"
+            assert item["destination"] == orders
             assert item["attempts"] == 2
             assert (
                 "gave up after 2 of 2 attempts: RuntimeError: payment service down"
@@ -82,7 +83,7 @@ async def test_parked_list_then_replay_delivers_them_back(amqp_url: str, prefix:
             )
             assert item["parked_at"] is not None
             assert item["error_type"] == "builtins.RuntimeError"
-        code, output = await cli(settings, "parked", "list", "--json", "-d", "emails")
+        code, output = await cli(settings, "parked", "list", "--json", "-d", emails)
         assert code == 0 and json.loads(output) == []
 
         code, output = await cli(settings, "parked", "list")
@@ -109,16 +110,17 @@ async def test_parked_list_then_replay_delivers_them_back(amqp_url: str, prefix:
     assert await queue_depth(settings, parking_queue(settings)) == 0
 
 
-async def test_parked_replay_with_a_limit_and_purge(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, ["orders", "emails"])
+async def test_parked_replay_with_a_limit_and_purge(shared_topology: TestTopology) -> None:
+    orders, emails = shared_topology.dest("orders"), shared_topology.dest("emails")
+    settings = shared_topology.settings([orders, emails])
     app = Worker(settings)
 
-    @app.handler("orders")
-    async def orders(msg: dict[str, int]) -> None:
+    @app.handler(orders)
+    async def handle_orders(msg: dict[str, int]) -> None:
         pass
 
-    @app.handler("emails")
-    async def emails(msg: dict[str, int]) -> None:
+    @app.handler(emails)
+    async def handle_emails(msg: dict[str, int]) -> None:
         pass
 
     parking = parking_queue(settings)
@@ -126,25 +128,25 @@ async def test_parked_replay_with_a_limit_and_purge(amqp_url: str, prefix: str) 
         async with app.running(concurrency=4):  # every body is invalid: all parked at once
             await publisher.publish_many(
                 {"destination": d, "body": "not json", "delay": 0, "reply_to": "replies"}
-                for d in ["orders"] * 24 + ["emails"] * 2
+                for d in [orders] * 24 + [emails] * 2
             )
             await wait_parked(settings, 26)
         # No worker now: a replayed message waits in its work queue.
-        code, output = await cli(settings, "parked", "replay", "-d", "orders", "--limit", "20")
+        code, output = await cli(settings, "parked", "replay", "-d", orders, "--limit", "20")
         assert code == 0, output
         assert "replayed 20 message(s)" in output
         assert await queue_depth(settings, parking) == 6
-        replayed = await drain(settings, work_queue(settings, "orders"))
+        replayed = await drain(settings, work_queue(settings, orders))
         assert len(replayed) == 20
         assert {(m.reply_to, m.content_type) for m in replayed} == {
             ("replies", "text/plain; charset=utf-8")
         }
 
-        code, output = await cli(settings, "parked", "purge", "-d", "emails")
+        code, output = await cli(settings, "parked", "purge", "-d", emails)
         assert code == 1 and "--yes" in output
         assert await queue_depth(settings, parking) == 6
-        code, output = await cli(settings, "parked", "purge", "--yes", "-d", "emails")
-        assert code == 0 and "purged 2 parked message(s) of 'emails'" in output, output
+        code, output = await cli(settings, "parked", "purge", "--yes", "-d", emails)
+        assert code == 0 and f"purged 2 parked message(s) of '{emails}'" in output, output
         assert await queue_depth(settings, parking) == 4
         code, output = await cli(settings, "parked", "purge", "--yes")
         assert code == 0 and "purged 4 parked message(s)" in output, output

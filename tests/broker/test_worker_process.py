@@ -19,7 +19,7 @@ from pathlib import Path
 import pika
 import pytest
 from brokerctl import BrokerAdmin
-from worker_helpers import make_settings, work_queue
+from worker_helpers import TestTopology, work_queue
 
 from rmqdelay import Settings
 from rmqdelay.amqp.publisher import Publisher
@@ -95,7 +95,11 @@ def procs() -> Iterator[list[WorkerProcess]]:
 
 
 def worker_env(
-    settings: Settings, log: Path, sleep: float, url: str | None = None
+    settings: Settings,
+    log: Path,
+    sleep: float,
+    topology: TestTopology,
+    url: str | None = None,
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
     env.update(
@@ -106,6 +110,8 @@ def worker_env(
         RMQDELAY_CONNECTION_NAME=settings.connection_name,
         WORKER_TEST_LOG=str(log),
         WORKER_TEST_SLEEP=str(sleep),
+        WORKER_TEST_BATCH=topology.dest("batch"),
+        WORKER_TEST_SLOW=topology.dest("slow"),
         PYTHONPATH=str(TESTS),
         COLUMNS="200",
     )
@@ -130,15 +136,16 @@ def publish(settings: Settings, destination: str, bodies: list[object]) -> list[
 
 
 def test_sigkill_mid_batch_loses_nothing(
-    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess]
+    shared_topology: TestTopology, tmp_path: Path, procs: list[WorkerProcess]
 ) -> None:
-    settings = make_settings(amqp_url, prefix, ["batch"])
+    batch = shared_topology.dest("batch")
+    settings = shared_topology.settings([batch])
     total = 200
-    ids = publish(settings, "batch", [{"n": i} for i in range(total)])
+    ids = publish(settings, batch, [{"n": i} for i in range(total)])
     log = tmp_path / "handled.log"
-    env = worker_env(settings, log, sleep=0.02)
+    env = worker_env(settings, log, sleep=0.02, topology=shared_topology)
 
-    first = WorkerProcess(tmp_path, env, "-Q", "batch", "--concurrency", "4", "--prefetch", "8")
+    first = WorkerProcess(tmp_path, env, "-Q", batch, "--concurrency", "4", "--prefetch", "8")
     procs.append(first)
     wait_for(lambda: sum(e == "done" for e, _, _ in events(log)) >= 40, 30, "40 handled", first)
     first.proc.send_signal(signal.SIGKILL)
@@ -146,7 +153,7 @@ def test_sigkill_mid_batch_loses_nothing(
     done_by_first = {m for e, m, _ in events(log) if e == "done"}
     assert len(done_by_first) < total, "the batch finished before the kill: make it longer"
 
-    second = WorkerProcess(tmp_path, env, "-Q", "batch", "--concurrency", "4", "--prefetch", "8")
+    second = WorkerProcess(tmp_path, env, "-Q", batch, "--concurrency", "4", "--prefetch", "8")
     procs.append(second)
     wait_for(
         lambda: {m for e, m, _ in events(log) if e == "done"} >= set(ids),
@@ -168,25 +175,31 @@ def test_sigkill_mid_batch_loses_nothing(
     )
     # Only what the killed worker had in hand can come twice: at most its prefetch.
     assert 0 <= duplicates <= 8
-    assert depth(settings, work_queue(settings, "batch")) == 0
+    assert depth(settings, work_queue(settings, batch)) == 0
 
 
 def test_sigterm_finishes_in_flight_handlers_and_exits_0(
-    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess], admin: BrokerAdmin
+    shared_topology: TestTopology,
+    amqp_url: str,
+    prefix: str,
+    tmp_path: Path,
+    procs: list[WorkerProcess],
+    admin: BrokerAdmin,
 ) -> None:
     """Also: a user with no configure permission can run the worker once the topology
     exists, and its password never shows in the logs."""
-    settings = make_settings(amqp_url, prefix, ["batch"])
+    batch = shared_topology.dest("batch")
+    settings = shared_topology.settings([batch])
     user, password = f"{prefix}-worker", "Zq8-secret-pw-Zq8"
     admin.add_user(user, password, configure="^$", write=".*", read=".*")
     parts = urllib.parse.urlsplit(amqp_url)
     host = parts.netloc.rpartition("@")[2]
     limited_url = urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
 
-    ids = publish(settings, "batch", [{"n": i} for i in range(6)])
+    ids = publish(settings, batch, [{"n": i} for i in range(6)])
     log = tmp_path / "handled.log"
-    env = worker_env(settings, log, sleep=1.5, url=limited_url)
-    worker = WorkerProcess(tmp_path, env, "-Q", "batch", "--concurrency", "3", "--prefetch", "6")
+    env = worker_env(settings, log, sleep=1.5, topology=shared_topology, url=limited_url)
+    worker = WorkerProcess(tmp_path, env, "-Q", batch, "--concurrency", "3", "--prefetch", "6")
     procs.append(worker)
     wait_for(lambda: sum(e == "start" for e, _, _ in events(log)) >= 3, 30, "3 handlers", worker)
     worker.proc.send_signal(signal.SIGTERM)
@@ -199,22 +212,23 @@ def test_sigterm_finishes_in_flight_handlers_and_exits_0(
     done = [m for e, m, _ in rows if e == "done"]
     assert len(started) == 3 and sorted(done) == sorted(started), rows
     # The three in flight were acked; the three prefetched but not started went back.
-    assert depth(settings, work_queue(settings, "batch")) == 3
+    assert depth(settings, work_queue(settings, batch)) == 3
     assert set(ids) - set(done)  # still there for the next worker
 
     assert password not in output
     assert "outcome=acked" in output and f"message_id={done[0]}" in output
-    assert "destination=batch" in output and "attempt=1" in output and "lateness_ms=" in output
+    assert f"destination={batch}" in output and "attempt=1" in output and "lateness_ms=" in output
 
 
 def test_second_signal_stops_at_once_and_returns_the_messages(
-    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess]
+    shared_topology: TestTopology, tmp_path: Path, procs: list[WorkerProcess]
 ) -> None:
-    settings = make_settings(amqp_url, prefix, ["slow"])
-    publish(settings, "slow", ["a", "b"])
+    slow = shared_topology.dest("slow")
+    settings = shared_topology.settings([slow])
+    publish(settings, slow, ["a", "b"])
     log = tmp_path / "handled.log"
-    env = worker_env(settings, log, sleep=60)
-    worker = WorkerProcess(tmp_path, env, "-Q", "slow", "--concurrency", "2")
+    env = worker_env(settings, log, sleep=60, topology=shared_topology)
+    worker = WorkerProcess(tmp_path, env, "-Q", slow, "--concurrency", "2")
     procs.append(worker)
     wait_for(lambda: sum(e == "start" for e, _, _ in events(log)) >= 2, 30, "2 handlers", worker)
     worker.proc.send_signal(signal.SIGTERM)
@@ -226,14 +240,15 @@ def test_second_signal_stops_at_once_and_returns_the_messages(
     assert time.monotonic() - stopped_at < 5
     assert code == 128 + signal.SIGTERM, worker.output
     assert not [e for e, _, _ in events(log) if e == "done"]
-    wait_for(lambda: depth(settings, work_queue(settings, "slow")) == 2, 10, "both messages back")
+    wait_for(lambda: depth(settings, work_queue(settings, slow)) == 2, 10, "both messages back")
 
 
 def test_cli_errors_name_the_thing_to_fix(
-    amqp_url: str, prefix: str, tmp_path: Path, procs: list[WorkerProcess]
+    shared_topology: TestTopology, tmp_path: Path, procs: list[WorkerProcess]
 ) -> None:
-    settings = make_settings(amqp_url, prefix, ["batch"])  # no "slow" queue
-    env = worker_env(settings, tmp_path / "log", sleep=0)
+    slow = shared_topology.dest("slow")
+    settings = shared_topology.settings([shared_topology.dest("batch")])  # no "slow" queue
+    env = worker_env(settings, tmp_path / "log", sleep=0, topology=shared_topology)
 
     def run(*args: str) -> tuple[int, str]:
         proc = subprocess.run(
@@ -250,5 +265,5 @@ def test_cli_errors_name_the_thing_to_fix(
     assert code == 1 and "cannot import module 'no_such_module'" in text
     code, text = run("worker_apps:app")  # the "slow" work queue does not exist
     assert code == 1
-    assert f"work queue '{prefix}.work.slow'" in text
-    assert "rmqdelay topology apply --destination slow" in text
+    assert f"work queue '{settings.prefix}.work.{slow}'" in text
+    assert f"rmqdelay topology apply --destination {slow}" in text

@@ -20,7 +20,7 @@ from rmqdelay import ConfigurationError, Settings
 from rmqdelay.cli.worker import AppLoadError, _queues, load_worker
 from rmqdelay.core.context import Context
 from rmqdelay.core.handlers import inspect_handler
-from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT
+from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
 from rmqdelay.core.parking import (
     PARKED_ATTEMPTS,
     PARKED_REASON,
@@ -326,3 +326,9 @@ def test_queues_option() -> None:
     assert _queues("a, b") == ["a", "b"]
     with pytest.raises(WorkerError, match="bad --queues 'a,,b'"):
         _queues("a,,b")
+
+
+def test_cleaned_headers_are_what_keeps_the_cycle_test_honest() -> None:
+    """tests/broker/test_worker.py's cycle test relies on this stripping; keep the two in step."""
+    headers = {"x-death": [{}], "x-first-death-queue": "q", "x-last-death-reason": "r", "k": 1}
+    assert clean_headers(headers) == {"k": 1}

@@ -1,0 +1,115 @@
+"""The test infrastructure without a broker: scripts/broker.py's sources, URL masking,
+prefixes.  Its broker-side half is tests/broker/test_infra_smoke.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from broker import BrokerInfo, mask_url
+from broker_fakes import FakeContainer
+from brokerctl import make_prefix
+from brokers import base, container, debian, find
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("amqp://guest:guest@127.0.0.1:5672/%2F", "amqp://guest:***@127.0.0.1:5672/%2F"),
+        ("amqps://u:p%40ss@h:5671/v?heartbeat=5", "amqps://u:***@h:5671/v?heartbeat=5"),
+        ("amqp://u:p@ss@h/%2F", "amqp://u:***@h/%2F"),
+        ("amqp://host:5672/%2F", "amqp://host:5672/%2F"),
+        ("amqp://user@host/", "amqp://user@host/"),
+    ],
+)
+def test_mask_url(url: str, masked: str) -> None:
+    assert mask_url(url) == masked
+
+
+def test_broker_info_repr_hides_password() -> None:
+    info = BrokerInfo("amqp://u:s3cret@h:5672/%2F", None, "env")
+    assert "s3cret" not in repr(info) and "s3cret" not in str(info)
+
+
+def test_prefix_shape(prefix: str) -> None:
+    assert re.fullmatch(r"t-[a-z0-9-]+-[0-9a-f]{6}", prefix)
+    assert "prefix-shape" in prefix
+    long = make_prefix("test_" + "Very_Long[Param-Ünïcode]" * 5)
+    assert len(long) <= 40 and re.fullmatch(r"[a-z0-9-]+", long)
+    assert make_prefix("test_x") != make_prefix("test_x")
+
+
+# --------------------------------------------------------------------------- broker.py sources
+
+
+def test_no_source_explains_what_to_do(
+    no_broker_here: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(no_broker_here.BrokerUnavailable) as info, no_broker_here.ensure_broker():
+        pass
+    text = str(info.value)
+    assert "RMQDELAY_URL" in text and "rabbitmq-server" in text and "Docker" in text
+    assert no_broker_here.plan().source is None
+    assert no_broker_here.main(["--check"]) == 1
+    assert no_broker_here.main([]) == 1
+    out = capsys.readouterr()
+    assert out.out == "" and "RMQDELAY_URL" in out.err
+
+
+def test_failed_container_falls_through(
+    no_broker_here: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(container, "docker_available", lambda: (True, "fake engine"))
+    monkeypatch.setattr(
+        container, "container_class", lambda: lambda image: FakeContainer(image, fail=True)
+    )
+    with (
+        pytest.raises(no_broker_here.BrokerUnavailable, match="pull access denied"),
+        no_broker_here.ensure_broker(),
+    ):
+        pass
+
+
+def test_debian_start_that_never_answers(
+    no_broker_here: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    server = tmp_path / "rabbitmq-server"
+    server.write_text(f'#!/bin/sh\n[ "$1" = -detached ] && echo "$1" > {marker}\n')
+    server.chmod(0o755)
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", str(server))
+    monkeypatch.setattr(debian, "START_TIMEOUT", 1.0)
+    assert no_broker_here.plan().source == "debian"
+    with (
+        pytest.raises(no_broker_here.BrokerUnavailable, match="did not answer within 1s"),
+        no_broker_here.ensure_broker(),
+    ):
+        pass
+    assert marker.read_text().strip() == "-detached"
+
+
+def test_enabling_management_on_a_broker_not_ours_says_so_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No broker's plugins change here: rabbitmq-plugins is replaced; the notice is real."""
+    enabled: list[tuple[str, ...]] = []
+
+    def enable_plugins(node: debian.DebianNode, *plugins: str) -> tuple[bool, str]:
+        enabled.append(plugins)
+        return True, "enabled"
+
+    monkeypatch.setattr(base, "_quiet", True)  # the notice prints even with --quiet
+    monkeypatch.delenv("RMQDELAY_MANAGEMENT_URL", raising=False)  # else it names the API
+    monkeypatch.setattr(find, "management_ok", lambda *args, **kwargs: bool(enabled))
+    monkeypatch.setattr(debian, "is_root", lambda: True)
+    monkeypatch.setattr(debian, "plugin_listed", lambda node, plugin: False)
+    monkeypatch.setattr(debian, "enable_plugins", enable_plugins)
+    monkeypatch.setattr(debian, "has_tool", lambda node, tool: True)
+    info = find._with_management(BrokerInfo(find.local_url(), None, "local"))
+    err = capsys.readouterr().err
+    assert "NOTE: enabling the rabbitmq_management plugin on the broker at 127.0.0.1:5672" in err
+    assert "not started by scripts/broker.py" in err and "--no-management" in err
+    assert enabled == [("rabbitmq_management",)]
+    assert info.management_url == "http://127.0.0.1:15672"
