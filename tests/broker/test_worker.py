@@ -35,6 +35,7 @@ from rmqdelay.core.parking import (
     PARKED_TRACEBACK,
 )
 from rmqdelay.core.retry import Backoff, Park, Requeue, Retry
+from rmqdelay.core.routing import parse_key
 from rmqdelay.worker import Worker, WorkerError
 
 DEST = "jobs"
@@ -172,12 +173,22 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
     queue already in its ``x-death`` (with no rejection in between) is dropped silently.
     A retry of 170 ms takes two hops, tier 160 ms then tier 10 ms: the second time round,
     the 160 ms tier dead-letters into the 10 ms tier, which an unstripped ``x-death``
-    already names, so the retry would vanish."""
+    already names, so the retry would vanish.
+
+    The due time is fixed when a send is prepared, and the tiers are planned for what is
+    left of the delay when it goes out. One that goes out 10 ms or more after it was
+    prepared (a loaded machine) has 160 ms or less left and rightly takes the 160 ms
+    tier alone. So each delivery is checked against the route its own routing key
+    names, and the two-tier route, the one the trap is on, must have been taken twice.
+    """
     dest = shared_topology.dest(DEST)
     settings = shared_topology.settings([dest])
-    plan = plan_delay(settings.layout, 170_000, dest)
-    assert len(plan.hops) == 2  # every retry goes through these two tier queues
+    layout = settings.layout
+    plan = plan_delay(layout, 170_000, dest)
+    assert len(plan.hops) == 2  # tier 160 ms, then tier 10 ms
     tiers = {t.queue for t in plan.hops}
+    late = {t.queue for t in plan_delay(layout, 160_000, dest).hops}
+    assert len(late) == 1 and late < tiers  # sent 10 ms late: tier 160 ms alone
     app = Worker(settings)
     calls = Calls()
     failures = 6
@@ -189,6 +200,8 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
             raise Retry(reason="not yet")
 
     async with AsyncPublisher(settings) as publisher, app.running():
+        # known destination: no broker round trip between preparing the publish and sending it
+        await publisher.check_destination(dest)
         sent = await publisher.publish(dest, "cycle", delay="170ms")
         await wait_until(
             lambda: len(calls) >= failures + 1,
@@ -200,11 +213,22 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
         )
     assert [c.attempt for c in calls.items] == list(range(1, failures + 2))
     assert {c.message_id for c in calls.items} == {sent.message_id}
+    routes = []
     for call in calls.items:
-        # Since its last (re)publish, each delivery went through each tier exactly once.
+        # Since its last (re)publish, each delivery went through each tier of its route
+        # exactly once: the route its routing key names, as planned when it was sent.
         deaths = {d["queue"]: d for d in call.headers["x-death"]}
-        assert set(deaths) == tiers
+        [key] = {k for d in deaths.values() for k in d["routing-keys"]}
+        digits = parse_key(layout, key).digits
+        route = {p.tiers[d - 1].queue for p, d in zip(layout.positions, digits, strict=True) if d}
+        assert route in (tiers, late), (call.attempt, key)
+        assert set(deaths) == route
         assert all(d["count"] == 1 and d["reason"] == "expired" for d in deaths.values())
+        routes.append(route)
+    assert routes.count(tiers) >= 2, (
+        f"only {routes.count(tiers)} of {len(routes)} sends went through both tiers: "
+        "the dead-letter cycle was not exercised"
+    )
 
 
 async def test_requeue_delivers_the_message_again(shared_topology: TestTopology) -> None:

@@ -21,6 +21,7 @@ from rmqdelay.cli.worker import AppLoadError, _queues, load_worker
 from rmqdelay.core.context import Context
 from rmqdelay.core.handlers import inspect_handler
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
+from rmqdelay.core.outgoing import PublisherCore
 from rmqdelay.core.parking import (
     PARKED_ATTEMPTS,
     PARKED_REASON,
@@ -332,3 +333,16 @@ def test_cleaned_headers_are_what_keeps_the_cycle_test_honest() -> None:
     """tests/broker/test_worker.py's cycle test relies on this stripping; keep the two in step."""
     headers = {"x-death": [{}], "x-first-death-queue": "q", "x-last-death-reason": "r", "k": 1}
     assert clean_headers(headers) == {"k": 1}
+
+
+def test_a_170ms_retry_sent_10ms_late_takes_the_160ms_tier_alone() -> None:
+    """Why the cycle test checks each delivery against its own routing key: the due time
+    is fixed when a send is prepared, and the tiers are planned for what is left of the
+    delay when it goes out. Same due time either way; never early."""
+    core = PublisherCore(Settings(max_delay="1h").layout)
+    prepared = core.prepare("jobs", b"x", delay="170ms", now=1_000_000)
+    on_time = core.finalize(prepared, now=1_000_000 + 9_999)
+    late = core.finalize(prepared, now=1_000_000 + 10_000)
+    assert [t.ttl_ms for t in on_time.plan.hops] == [160, 10]
+    assert [t.ttl_ms for t in late.plan.hops] == [160]
+    assert on_time.headers[DUE_AT] == late.headers[DUE_AT] == 1_170
