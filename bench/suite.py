@@ -239,7 +239,7 @@ async def steady_repeats(
     pooled: list[Record] = []
     for k in range(repeats):
         counters_before = _counters(peer)
-        extra_pids = getattr(peer, "cpu_pids", dict)()
+        extra_pids: dict[str, int] = getattr(peer, "cpu_pids", dict)()
         pids = {"broker": broker_pid(), "client": os.getpid(), **extra_pids}
         idle = await idle_cpu_rate(pids["broker"])  # the broker is shared: its background
         with CpuMeter(pids) as meter:
@@ -511,7 +511,10 @@ async def workload_radix(suite: Suite) -> None:
                 sat["ratio_to_plain_limit"] = _ratio(sat["delivered_per_s"], limit_rate)
                 entry["saturation"] = sat
 
-        await with_peer(lambda peer=peer: peer, body)
+        def factory(peer: Peer = peer) -> Peer:
+            return peer
+
+        await with_peer(factory, body)
         results["configs"][label] = entry
     ref = results["configs"].get("radix 16", {})
     for entry in results["configs"].values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -22,9 +23,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setenv("ORDERS_DB", str(tmp_path / "orders.db"))
     monkeypatch.syspath_prepend(str(EXAMPLE))
     sys.modules.pop("service", None)
-    import service as module
-
-    return module
+    return importlib.import_module("service")
 
 
 async def test_unpaid_order_is_cancelled_after_its_timeout(

@@ -11,7 +11,7 @@ DEAD = "amqp://guest:guest@127.0.0.1:1/%2F"  # nothing listens on port 1
 
 
 def test_the_sync_client_moves_past_a_dead_address(amqp_url: str) -> None:
-    connection = connect_blocking(Settings(url=[DEAD, str(amqp_url)]), "test")  # type: ignore[arg-type]
+    connection = connect_blocking(Settings(url=[DEAD, str(amqp_url)]), "test")
     try:
         assert connection.is_open
     finally:
@@ -19,7 +19,7 @@ def test_the_sync_client_moves_past_a_dead_address(amqp_url: str) -> None:
 
 
 async def test_the_async_client_moves_past_a_dead_address(amqp_url: str) -> None:
-    connection = await connect_async(Settings(url=[DEAD, str(amqp_url)]), "test")  # type: ignore[arg-type]
+    connection = await connect_async(Settings(url=[DEAD, str(amqp_url)]), "test")
     try:
         assert not connection.is_closed
     finally:
@@ -29,6 +29,6 @@ async def test_the_async_client_moves_past_a_dead_address(amqp_url: str) -> None
 async def test_all_dead_names_every_address_masked() -> None:
     other = "amqp://guest:s3cret-x@127.0.0.1:2/%2F"
     with pytest.raises(ConnectionFailedError) as info:
-        await connect_async(Settings(url=[DEAD, other]), "test")  # type: ignore[arg-type]
+        await connect_async(Settings(url=[DEAD, other]), "test")
     assert "127.0.0.1:1" in str(info.value) and "127.0.0.1:2" in str(info.value)
     assert "s3cret-x" not in str(info.value)

@@ -15,14 +15,14 @@ B = "amqp://u:pw-b@h2:5702/%2F"
 def test_a_list_commas_and_a_json_list_in_the_environment_mean_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert Settings(url=[A, B]).urls == [A, B]  # type: ignore[arg-type]
+    assert Settings(url=[A, B]).urls == [A, B]
     assert Settings(url=f"{A}, {B}").urls == [A, B]
     monkeypatch.setenv("RMQDELAY_URL", f'["{A}", "{B}"]')
     assert Settings().urls == [A, B]
 
 
 def test_every_password_of_a_list_is_masked() -> None:
-    shown = Settings(url=[A, B]).masked_url  # type: ignore[arg-type]
+    shown = Settings(url=[A, B]).masked_url
     assert "pw-a" not in shown and "pw-b" not in shown
     assert shown.count("***") == 2
     assert mask_url(f"{A},{B}") == shown
@@ -30,13 +30,13 @@ def test_every_password_of_a_list_is_masked() -> None:
 
 def test_an_empty_list_is_refused() -> None:
     with pytest.raises(ValueError, match="non-empty list"):
-        Settings(url=[])  # type: ignore[arg-type]
+        Settings(url=[])
 
 
 def test_ordered_keeps_the_order_and_shuffled_tries_each_once() -> None:
     urls = [f"amqp://h{i}:5672/%2F" for i in range(6)]
-    assert candidate_urls(Settings(url=urls)) == urls  # type: ignore[arg-type]
-    shuffled = Settings(url=urls, url_order="shuffled")  # type: ignore[arg-type]
+    assert candidate_urls(Settings(url=urls)) == urls
+    shuffled = Settings(url=urls, url_order="shuffled")
     orders = {tuple(candidate_urls(shuffled)) for _ in range(50)}
     assert all(sorted(o) == sorted(urls) for o in orders)
     assert len(orders) > 1
