@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from .base import BrokerUnavailable, log, run_captured
+from .debian import _raise_nofile_limit
 from .probe import amqp_ok, tcp_open, wait_for
 
 __all__ = ["AMQP_PORT", "MANAGEMENT_PORT", "ROOT", "URL", "ensure_chroot", "start", "stop"]
@@ -94,6 +95,19 @@ def _mount() -> None:
             _run([*cmd, str(target)], 30)
 
 
+def _chroot_pids() -> list[int]:
+    """Processes whose root is the chroot: the node, and anything it left running."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if Path(os.readlink(entry / "root")) == ROOT:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
 def _unmount() -> None:
     for target in (ROOT / "proc", ROOT / "dev"):
         if _mounted(target):
@@ -112,6 +126,7 @@ def start(timeout: float = 120.0) -> str:
     for relative, text in _CONFIG.items():
         (ROOT / relative).write_text(text)
     _mount()
+    _raise_nofile_limit()  # at 1024 open files a few hundred queues hang new connections
     log(f"starting RabbitMQ 4 ({NODE}) in {ROOT} on 127.0.0.1:{AMQP_PORT}")
     _run(["chroot", str(ROOT), "rabbitmq-server", "-detached"], 60)
     if not wait_for(lambda: amqp_ok(URL, timeout=3.0)[0], timeout, interval=1.0):
@@ -131,7 +146,10 @@ def stop() -> bool:
         if proc.returncode != 0:
             log(f"rabbitmqctl stop exited {proc.returncode}: {proc.stdout.strip()[-300:]}")
         wait_for(lambda: not tcp_open("127.0.0.1", AMQP_PORT), 60)
-    stopped = not tcp_open("127.0.0.1", AMQP_PORT)
+    # the port closes before the VM has exited: unmount only once nothing runs in there
+    stopped = wait_for(lambda: not _chroot_pids(), 60)
     if stopped:
         _unmount()
+    else:
+        log(f"still running in {ROOT}: {_chroot_pids()}; left mounted")
     return stopped
