@@ -26,7 +26,7 @@ from ..core.journal import (
     CancelResult,
     JournalRecord,
     ScheduleView,
-    decode_record,
+    decode_records,
     encode_record,
     journal_name,
     plan_cancels,
@@ -125,14 +125,12 @@ def _read_sync(
             if unacked >= _ACK_EVERY and method.delivery_tag is not None:
                 channel.basic_ack(method.delivery_tag, multiple=True)
                 unacked = 0
-            record = decode_record(body or b"")
-            if record is None:
-                continue
-            if record.kind == "marker":
-                if record.message_id == marker.message_id:
-                    return
-                continue
-            yield record
+            for record in decode_records(body or b""):
+                if record.kind == "marker":
+                    if record.message_id == marker.message_id:
+                        return
+                    continue
+                yield record
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
             raise _missing(name) from None
@@ -295,15 +293,13 @@ class JournalTail:
         if self._unacked >= _ACK_EVERY or self.caught_up.is_set():
             await message.ack(multiple=True)
             self._unacked = 0
-        record = decode_record(message.body)
-        if record is None:
-            return
-        if record.kind == "marker":
-            if record.message_id == self._marker.message_id:
-                self.caught_up.set()
-            return
-        self.count += 1
-        self.on_record(record)
+        for record in decode_records(message.body):
+            if record.kind == "marker":
+                if record.message_id == self._marker.message_id:
+                    self.caught_up.set()
+                continue
+            self.count += 1
+            self.on_record(record)
 
     async def close(self) -> None:
         if self.channel is not None and not self.channel.is_closed:

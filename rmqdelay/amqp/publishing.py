@@ -42,7 +42,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         drops; by default the publisher opens its own and reopens it itself.
         ``window``: how many confirms a batch may wait for at a time."""
         self.settings = settings or Settings()
-        self.core = PublisherCore(self.settings.layout)
+        self.core = PublisherCore(self.settings.layout, journal_bodies=self.settings.journal_bodies)
         self._connection = connection
         self._owns_connection = connection is None
         self._started = connection is not None

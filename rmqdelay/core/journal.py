@@ -34,7 +34,9 @@ __all__ = [
     "ScheduleView",
     "Tombstones",
     "decode_record",
+    "decode_records",
     "encode_record",
+    "encode_records",
     "journal_name",
     "max_age",
     "plan_cancels",
@@ -129,6 +131,16 @@ def decode_record(raw: bytes) -> JournalRecord | None:
         )
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def encode_records(records: Iterable[JournalRecord]) -> bytes:
+    """Several records in one stream message, one JSON line each: a batch costs one write."""
+    return b"\n".join(encode_record(r) for r in records)
+
+
+def decode_records(raw: bytes) -> list[JournalRecord]:
+    """Every readable record of a stream message (JSON never holds a raw newline)."""
+    return [r for line in raw.split(b"\n") if (r := decode_record(line)) is not None]
 
 
 @dataclass

@@ -30,10 +30,12 @@ from ..errors import (
     PublisherClosedError,
     PublishError,
     PublishNackedError,
+    TopologyError,
     UnknownDestinationError,
     UnroutableError,
 )
 from .durations import DurationLike, parse_duration_us
+from .journal import JournalRecord, encode_records, journal_name
 from .layout import Layout
 from .messages import (
     ATTEMPT,
@@ -104,6 +106,8 @@ class Prepared:
     encoded_properties: bytes = field(repr=False)
     """The content header's property list, as :func:`~rmqdelay.core.wire.encode_properties`
     wrote it: what both publishers send."""
+    journal_records: int = 0
+    """Not a message but schedule journal records (this many), sent beside a batch."""
 
     @property
     def content_type(self) -> str:
@@ -197,6 +201,26 @@ class Steps(Generic[T]):
             return None
 
 
+_RECORDS_PER_WRITE = 500
+"""Journal records per stream message: a batch's records cost a few writes, not one each."""
+JOURNAL_TYPE = "rmqdelay-journal"
+
+
+def journal_missing(layout: Layout) -> TopologyError:
+    return TopologyError(
+        f"the schedule journal {journal_name(layout)!r} does not exist: run `rmqdelay "
+        "topology apply`, or set schedule_journal = false (RMQDELAY_SCHEDULE_JOURNAL=false)"
+    )
+
+
+def unjournaled(message_id: str, why: BaseException) -> PublishError:
+    """A message confirmed whose journal record was not: delivered, but not listed."""
+    return PublishError(
+        f"message {message_id} was confirmed but its schedule journal record was not "
+        f"({why}): it will be delivered, yet `scheduled list` and `cancel` may not see it"
+    )
+
+
 def unknown_destination(layout: Layout, destination: str) -> UnknownDestinationError:
     queue = layout.work_queue(destination)
     return UnknownDestinationError(
@@ -208,9 +232,11 @@ def unknown_destination(layout: Layout, destination: str) -> UnknownDestinationE
 class PublisherCore:
     """The sans-IO half of a publisher: checks, plans, flows and their errors."""
 
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, *, journal_bodies: bool = False) -> None:
         self.layout = layout
+        self.journal_bodies = journal_bodies
         self.known_destinations: set[str] = set()
+        self._journal_checked = False
 
     # ------------------------------------------------------------------ validation
 
@@ -321,8 +347,63 @@ class PublisherCore:
 
     def _send(self, batch: list[Prepared]) -> Flow[list[Outcome]]:
         yield from self._check(p.destination for p in batch)
-        outcomes: list[Outcome] = yield Send(batch)
+        if not self.layout.journal:
+            outcomes: list[Outcome] = yield Send(batch)
+            return outcomes
+        if not self._journal_checked:
+            if not (yield CheckQueue(journal_name(self.layout))):
+                raise journal_missing(self.layout)
+            self._journal_checked = True
+        # the records go in the same confirm window as the messages they describe
+        chunks = [
+            batch[i : i + _RECORDS_PER_WRITE] for i in range(0, len(batch), _RECORDS_PER_WRITE)
+        ]
+        writes = [self.journal_write(chunk) for chunk in chunks]
+        sent: list[Outcome] = yield Send([*batch, *writes])
+        outcomes = sent[: len(batch)]
+        for chunk_index, written in enumerate(sent[len(batch) :]):
+            if isinstance(written, BaseException):
+                start = chunk_index * _RECORDS_PER_WRITE
+                for i in range(start, min(start + _RECORDS_PER_WRITE, len(batch))):
+                    if not isinstance(outcomes[i], BaseException):
+                        outcomes[i] = unjournaled(batch[i].message_id, written)
         return outcomes
+
+    def journal_write(self, batch: Sequence[Prepared], now_ms: int | None = None) -> Prepared:
+        """One stream message recording every message of ``batch``: id, destination,
+        due time, attempt, body size, headers (and the body, if ``journal_bodies``)."""
+        recorded = time.time_ns() // 10**6 if now_ms is None else now_ms
+        records = [
+            JournalRecord(
+                "scheduled",
+                p.message_id,
+                p.destination,
+                -(-p.due_at_us // 1000),
+                attempt=int(p.headers.get(ATTEMPT, 1)),
+                body_size=len(p.body),
+                headers={k: v for k, v in p.headers.items() if k != ATTEMPT},
+                recorded_at_ms=recorded,
+                body=p.body if self.journal_bodies else None,
+            )
+            for p in batch
+        ]
+        write_id = f"journal-{uuid.uuid4()}"
+        properties = {
+            "message_id": write_id,
+            "type": JOURNAL_TYPE,
+            "content_type": "application/json",
+            "delivery_mode": 2,
+        }
+        return Prepared(
+            destination=journal_name(self.layout),
+            body=encode_records(records),
+            headers={},
+            message_id=write_id,
+            due_at_us=0,
+            properties=cast(MessageProperties, {}),
+            encoded_properties=encode_properties(properties),
+            journal_records=len(records),
+        )
 
     @staticmethod
     def send_order(batch: Sequence[Prepared]) -> list[int]:
@@ -337,6 +418,10 @@ class PublisherCore:
 
     def finalize(self, prepared: Prepared, now: int | None = None) -> Outgoing:
         """Plan what is left of the delay at this moment."""
+        if prepared.journal_records:
+            name = prepared.destination  # the journal's fanout exchange, no delay
+            headers = {DUE_AT: 0, DESTINATION: name}  # what PublishResult.of reads
+            return Outgoing(prepared, DelayPlan(0, (), (), name, "", name, ""), headers)
         remaining = prepared.due_at_us - (now_us() if now is None else now)
         plan = plan_delay(self.layout, remaining, prepared.destination)
         headers = {

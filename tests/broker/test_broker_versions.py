@@ -118,8 +118,8 @@ def test_the_delivery_limit_rmqdelay_declares_is_the_one_in_force(
             returned += 1
         parked = 0
         while parked == 0 and time.monotonic() < deadline:
-            parked = channel.queue_declare(settings.layout.parking, passive=True).method
-            parked = parked.message_count
+            declared = channel.queue_declare(settings.layout.parking, passive=True)
+            parked = declared.method.message_count
             time.sleep(0.05)
     finally:
         connection.close()

@@ -150,7 +150,10 @@ async def test_return_raises_unroutable(rmq: Settings, orders: str) -> None:
 
 
 async def test_nack_raises(amqp_url: str, prefix: str) -> None:
-    settings = Settings(url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic")
+    # a hand-made work queue and no topology: no schedule journal either
+    settings = Settings(
+        url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic", schedule_journal=False
+    )
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     connection.channel().queue_declare(
         work_queue(settings, "full"),

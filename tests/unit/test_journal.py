@@ -14,10 +14,12 @@ from rmqdelay.core.journal import (
     ScheduleView,
     Tombstones,
     decode_record,
-    plan_cancels,
+    decode_records,
     encode_record,
+    encode_records,
     journal_name,
     max_age,
+    plan_cancels,
 )
 
 ids = st.text("abcdef0123456789", min_size=1, max_size=8)
@@ -156,3 +158,10 @@ def test_plan_cancels_answers_each_id_once_and_tombstones_only_what_is_ahead() -
     ]
     # once the tombstone is in the journal, the message is no longer pending
     assert view.extend(tombstones).pending(1000) == []
+
+
+@given(st.lists(records, max_size=10))
+def test_a_batch_of_records_is_one_message_that_reads_back_whole(
+    batch: list[JournalRecord],
+) -> None:
+    assert decode_records(encode_records(batch)) == batch
