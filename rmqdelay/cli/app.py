@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import parked, publish, schedule, topology, worker
+from . import parked, publish, schedule, status, topology, worker
 
 __all__ = ["app", "main"]
 
@@ -20,6 +20,7 @@ app.add_typer(worker.commands)
 app.add_typer(parked.app, name="parked")
 app.add_typer(schedule.scheduled_app, name="scheduled")
 app.add_typer(schedule.commands)
+app.add_typer(status.commands)
 
 
 def main() -> None:

@@ -1,0 +1,103 @@
+"""``rmqdelay status``: what is scheduled, waiting, parked and journaled, at a glance."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Annotated
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from ..amqp.status import gather_status
+from ..core.durations import format_ms
+from ..core.status import Status, prometheus_text
+from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
+
+__all__ = ["commands"]
+
+out = Console()
+commands = typer.Typer()
+
+
+def _n(value: int | None) -> str:
+    return "n/a" if value is None else f"{value:,}"
+
+
+def _render(status: Status) -> Group:
+    tiers = Table("tier", "TTL", "messages", title=f"scheduled: {status.scheduled:,}")
+    for tier in status.tiers:
+        if tier.messages:
+            tiers.add_row(tier.queue, format_ms(tier.ttl_ms), _n(tier.messages))
+    work = Table("destination", "ready", "unacked", "consumers", title="work queues")
+    for row in status.destinations:
+        work.add_row(row.destination, _n(row.ready), _n(row.unacked), _n(row.consumers))
+    lines = [f"parked: {_n(status.parked)}"]
+    if status.journal is not None:
+        oldest = status.journal.oldest_ms
+        since = (
+            datetime.fromtimestamp(oldest / 1000, tz=timezone.utc).isoformat(timespec="seconds")
+            if oldest
+            else "n/a"
+        )
+        lines.append(
+            f"journal {status.journal.stream}: {_n(status.journal.records)} writes, "
+            f"oldest record {since}"
+        )
+    lines.append(f"source: {status.source}")
+    if status.missing:
+        lines.append(
+            f"[yellow]{len(status.missing)} queue(s) missing, e.g. {status.missing[0]}: "
+            "run `rmqdelay topology apply`[/]"
+        )
+    return Group(tiers, work, "\n".join(lines))
+
+
+@commands.command(
+    "status",
+    epilog="Counts come from one management API call (or, without it, one passive "
+    "declare a queue): the time does not grow with what is waiting, and no configure "
+    "permission is needed. Examples: `rmqdelay status`; `rmqdelay status --json`; "
+    "`rmqdelay status --watch`; `rmqdelay status --prometheus`",
+)
+@friendly_errors
+def status(
+    destination: Annotated[
+        list[str] | None,
+        typer.Option("--destination", "-d", help="Also show this destination; repeat."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The same data as JSON.")] = False,
+    prometheus: Annotated[
+        bool, typer.Option("--prometheus", help="Prometheus text format (gauges).")
+    ] = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh every second; Ctrl-C.")] = False,
+    amqp_only: Annotated[
+        bool, typer.Option("--amqp-only", help="Passive declares, not the management API.")
+    ] = False,
+    url: UrlOpt = None,
+    prefix: PrefixOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Show scheduled messages per tier, work queues, parking and the schedule journal."""
+    settings = settings_from(url, prefix, config)
+
+    def snapshot() -> Status:
+        return gather_status(settings, destination, use_management=not amqp_only)
+
+    if as_json:
+        print(json.dumps(snapshot().to_json()))
+    elif prometheus:
+        print(prometheus_text(snapshot()), end="")
+    elif watch:
+        with Live(_render(snapshot()), console=out, refresh_per_second=4) as live:
+            try:
+                while True:
+                    time.sleep(1)
+                    live.update(_render(snapshot()))
+            except KeyboardInterrupt:
+                pass
+    else:
+        out.print(_render(snapshot()))
