@@ -68,7 +68,7 @@ def test_a_client_set_x_death_drops_the_message_before_4_and_not_after(
     plan = plan_delay(settings.layout, 300_000, DEST)  # 300 ms: 0x1e, two tiers
     # as if it had already expired in the tier it dead-letters into next: 3.x sees a cycle
     tier = plan.hops[1]
-    headers = {"x-death": _x_death(tier.queue, tier.queue, plan.routing_key)}
+    headers: dict[str, Any] = {"x-death": _x_death(tier.queue, tier.queue, plan.routing_key)}
     connection = pika.BlockingConnection(pika.URLParameters(settings.url))
     try:
         channel = connection.channel()
@@ -114,6 +114,7 @@ def test_the_delivery_limit_rmqdelay_declares_is_the_one_in_force(
                     break
                 time.sleep(0.05)
                 continue
+            assert method.delivery_tag is not None
             channel.basic_reject(method.delivery_tag, requeue=True)
             returned += 1
         parked = 0
