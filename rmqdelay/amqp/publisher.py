@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import pika
@@ -20,6 +21,7 @@ import pika.exceptions
 import pika.frame
 import pika.spec
 
+from ..core.journal import CancelResult, JournalRecord
 from ..core.outgoing import (
     CheckQueue,
     Flow,
@@ -31,6 +33,7 @@ from ..core.outgoing import (
     Steps,
 )
 from ..errors import ConnectionFailedError, PublisherClosedError
+from . import journal
 from .blocking import close_connection, open_channel, poll_once, wait_until
 from .connections import connect_blocking
 from .passive import queue_exists
@@ -95,6 +98,39 @@ class Publisher(
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ the journal
+
+    def cancel(self, *message_ids: str) -> list[CancelResult]:
+        """Cancel scheduled messages: a confirmed tombstone in the schedule journal for
+        each id still ahead. Each result says ``cancelled`` (with the due time),
+        ``unknown`` (no record) or ``too late`` (due already: it may have been delivered).
+        A :class:`~rmqdelay.Worker` acks a cancelled message without calling its handler.
+        """
+        return journal.cancel(
+            self._live_connection(),
+            self.core.layout,
+            list(message_ids),
+            timeout=self.settings.confirm_timeout,
+        )
+
+    def list_scheduled(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[JournalRecord]:
+        """What the journal says is still ahead and not cancelled, soonest first (what was
+        published while the journal was on)."""
+        return journal.list_scheduled(
+            self._live_connection(),
+            self.core.layout,
+            destination=destination,
+            due_before_ms=None if due_before is None else int(due_before.timestamp() * 1000),
+            limit=limit,
+            timeout=self.settings.confirm_timeout,
+        )
 
     # ------------------------------------------------------------------ connection
 

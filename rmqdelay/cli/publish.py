@@ -15,12 +15,15 @@ import typer
 from rich.console import Console
 
 from ..amqp.connections import connect_blocking
+from ..amqp.journal import read_journal
 from ..amqp.passive import queue_exists
 from ..amqp.publisher import Publisher
+from ..core.journal import Tombstones
 from ..core.messages import DUE_AT
 from ..core.outgoing import unknown_destination
 from ..core.routing import validate_destination
 from ..errors import DelayError
+from ..settings import Settings
 from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
 
 __all__ = ["commands"]
@@ -134,10 +137,15 @@ def consume(
     try:
         if not queue_exists(connection, queue, settings.confirm_timeout):
             raise unknown_destination(settings.layout, destination)
+        cancels = _Cancels(connection, settings)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=min(count or 100, 100))
         for method, props, body in channel.consume(queue, inactivity_timeout=0.1):
             if method is not None and props is not None and body is not None:
+                if cancels.has(props.message_id):  # cancelled: settle it, show nothing
+                    channel.basic_ack(int(method.delivery_tag or 0))
+                    err.print(f"cancelled: {props.message_id} (acked, not shown)")
+                    continue
                 _print_message(props, body, as_json)
                 channel.basic_ack(int(method.delivery_tag or 0))
                 received += 1
@@ -152,6 +160,24 @@ def consume(
     if count is not None and received < count:
         err.print(f"timeout: received {received} of {count} messages")
         raise typer.Exit(1)
+
+
+class _Cancels:
+    """The journal's tombstones, read again when a message comes more than 2 s later."""
+
+    def __init__(self, connection: pika.BlockingConnection, settings: Settings) -> None:
+        self.connection, self.layout = connection, settings.layout
+        self.tombstones = Tombstones()
+        self.read_at = 0.0
+
+    def has(self, message_id: str | None) -> bool:
+        if not self.layout.journal or message_id is None:
+            return False
+        if time.monotonic() - self.read_at > 2.0:
+            for record in read_journal(self.connection, self.layout):
+                self.tombstones.add(record)
+            self.read_at = time.monotonic()
+        return self.tombstones.is_cancelled(message_id, time.time_ns() // 10**6)
 
 
 def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:

@@ -171,7 +171,9 @@ class Settler:
         # prepare() strips x-death and friends: the dead-letter cycle trap lives there
         headers = {**received.headers, ATTEMPT: decision.attempt}
         headers.pop("x-delivery-count", None)  # the broker's, for the old delivery
-        prepared = self.publisher.core.prepare(
+        # publish(), not send(): the retry is recorded in the schedule journal too, so
+        # `scheduled list` shows it and a cancel during the wait finds it
+        await self.publisher.publish(
             spec.destination,
             message.body,
             delay=timedelta(milliseconds=decision.delay_ms),
@@ -179,7 +181,6 @@ class Settler:
             message_id=received.message_id,
             **carried_properties(message),
         )
-        await self.publisher.send(prepared)
 
     async def _park(self, job: _Job, decision: Decision, failure: Failure | None) -> None:
         """Publish a copy to the parking queue, confirmed, then ack the original."""
