@@ -23,11 +23,13 @@ import pika.exceptions
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ..core.journal import (
+    RECORDS_PER_WRITE,
     CancelResult,
     JournalRecord,
     ScheduleView,
     decode_records,
     encode_record,
+    encode_records,
     journal_name,
     plan_cancels,
 )
@@ -158,6 +160,13 @@ def read_journal(
     return records
 
 
+def _writes(records: list[JournalRecord]) -> list[tuple[bytes, JournalRecord]]:
+    """Records grouped into stream messages: one round trip for a cancel of many ids."""
+    step = RECORDS_PER_WRITE
+    chunks = [records[i : i + step] for i in range(0, len(records), step)]
+    return [(encode_records(chunk), chunk[0]) for chunk in chunks]
+
+
 def _now_ms() -> int:
     return time.time_ns() // 10**6
 
@@ -165,14 +174,15 @@ def _now_ms() -> int:
 def append_records(
     connection: pika.BlockingConnection, layout: Layout, records: list[JournalRecord]
 ) -> None:
-    """Append records and wait for every confirm (a return means the stream is missing)."""
+    """Append records, a few hundred to a write, and wait for every confirm (a return
+    means the stream is missing)."""
     name = require_journal(layout, "writing to the schedule journal")
     channel = connection.channel()
     try:
         channel.confirm_delivery()
-        for record in records:
-            properties = pika.BasicProperties(**journal_properties(record))
-            channel.basic_publish(name, "", encode_record(record), properties, mandatory=True)
+        for body, first in _writes(records):
+            properties = pika.BasicProperties(**journal_properties(first))
+            channel.basic_publish(name, "", body, properties, mandatory=True)
     except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
         raise _missing(name) from None
     finally:
@@ -225,11 +235,11 @@ async def _publish_records(
         await asyncio.gather(
             *(
                 exchange.publish(
-                    aio_pika.Message(encode_record(r), **journal_properties(r)),
+                    aio_pika.Message(body, **journal_properties(first)),
                     routing_key="",
                     mandatory=True,
                 )
-                for r in records
+                for body, first in _writes(records)
             )
         )
     except aiormq.exceptions.PublishError:

@@ -27,6 +27,7 @@ from .layout import Layout
 
 __all__ = [
     "CANCEL_MARGIN_MS",
+    "RECORDS_PER_WRITE",
     "CancelAnswer",
     "CancelResult",
     "JournalRecord",
@@ -45,6 +46,8 @@ __all__ = [
 RecordKind = Literal["scheduled", "cancelled", "marker"]
 CancelAnswer = Literal["cancelled", "unknown", "too late"]
 _VERSION = 1
+RECORDS_PER_WRITE = 500
+"""Records per stream message: a batch's (or a cancel's) records cost a few writes."""
 CANCEL_MARGIN_MS = 60_000
 """How long a worker keeps a tombstone after the message's due time, for lateness."""
 

@@ -35,7 +35,7 @@ from ..errors import (
     UnroutableError,
 )
 from .durations import DurationLike, parse_duration_us
-from .journal import JournalRecord, encode_records, journal_name
+from .journal import RECORDS_PER_WRITE, JournalRecord, encode_records, journal_name
 from .layout import Layout
 from .messages import (
     ATTEMPT,
@@ -201,8 +201,6 @@ class Steps(Generic[T]):
             return None
 
 
-_RECORDS_PER_WRITE = 500
-"""Journal records per stream message: a batch's records cost a few writes, not one each."""
 JOURNAL_TYPE = "rmqdelay-journal"
 
 
@@ -355,16 +353,14 @@ class PublisherCore:
                 raise journal_missing(self.layout)
             self._journal_checked = True
         # the records go in the same confirm window as the messages they describe
-        chunks = [
-            batch[i : i + _RECORDS_PER_WRITE] for i in range(0, len(batch), _RECORDS_PER_WRITE)
-        ]
+        chunks = [batch[i : i + RECORDS_PER_WRITE] for i in range(0, len(batch), RECORDS_PER_WRITE)]
         writes = [self.journal_write(chunk) for chunk in chunks]
         sent: list[Outcome] = yield Send([*batch, *writes])
         outcomes = sent[: len(batch)]
         for chunk_index, written in enumerate(sent[len(batch) :]):
             if isinstance(written, BaseException):
-                start = chunk_index * _RECORDS_PER_WRITE
-                for i in range(start, min(start + _RECORDS_PER_WRITE, len(batch))):
+                start = chunk_index * RECORDS_PER_WRITE
+                for i in range(start, min(start + RECORDS_PER_WRITE, len(batch))):
                     if not isinstance(outcomes[i], BaseException):
                         outcomes[i] = unjournaled(batch[i].message_id, written)
         return outcomes
