@@ -97,6 +97,7 @@ class AsyncPublisher(
 
     _channel: AbstractChannel | None = None
     _opening: asyncio.Lock | None = None
+    _watched: AbstractConnection | None = None
 
     async def connect(self) -> AsyncPublisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -133,11 +134,16 @@ class AsyncPublisher(
     def _on_connection_closed(self, _sender: object, exc: BaseException | None = None) -> None:
         self._lost = exc or "closed"
 
-    async def _open_connection(self) -> AbstractConnection:
-        connection = await connect_async(self.settings, "pub")
-        connection.close_callbacks.add(self._on_connection_closed)
-        self._connection = connection
+    def _watch(self, connection: AbstractConnection) -> AbstractConnection:
+        """Learn why the connection closes, should it: the error then says so."""
+        if connection is not self._watched:
+            connection.close_callbacks.add(self._on_connection_closed)
+            self._watched = connection
         return connection
+
+    async def _open_connection(self) -> AbstractConnection:
+        self._connection = await connect_async(self.settings, "pub")
+        return self._watch(self._connection)
 
     async def _live_connection(self) -> AbstractConnection:
         """The open connection: reopened (bounded attempts) if it dropped and is ours."""
@@ -146,7 +152,9 @@ class AsyncPublisher(
         connection = self._connection
         if connection is None:
             return await self._open_connection()
-        if not connection.is_closed:
+        self._watch(connection)
+        # aio-pika leaves is_closed False when the broker closes the connection
+        if not connection.is_closed and connection.connected.is_set():
             return connection
         self._channel = None
         failures: list[Exception] = []
