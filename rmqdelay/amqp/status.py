@@ -82,8 +82,13 @@ def gather_status(
     try:
         # the manager's check also refuses an API that belongs to another broker
         manager = TopologyManager(settings, connection=connection)
+        counts = None
         if use_management and manager.management_problem is None:
-            counts = _from_management(manager.management, layout.prefix)
+            try:
+                counts = _from_management(manager.management, layout.prefix)
+            except (OSError, ValueError):  # an HTTP error, e.g. a 500 while queues change
+                counts = None
+        if counts is not None:
             found = sorted(d for name in counts if (d := layout.destination_of(name)))
             wanted = list(dict.fromkeys([*wanted, *found]))
             source = "management API"
