@@ -10,9 +10,10 @@ appends a marker of its own, confirmed, and reads until the marker comes back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -95,6 +96,56 @@ def _missing(name: str) -> TopologyError:
 # ------------------------------------------------------------------ sync (pika)
 
 
+def stream_bodies(
+    connection: pika.BlockingConnection, name: str, offset: object, timeout: float
+) -> Generator[bytes, None, None]:
+    """The bodies of a stream from ``offset`` on, until the caller stops iterating.
+
+    On a connection of its own, opened with ``connection``'s parameters and closed at
+    the end: pika cancels a consumer by rejecting what it still buffers, and a stream
+    answers a reject by closing the whole connection; closing the reader's own
+    connection rejects nothing. Acks go in batches (a stream consumer needs them for
+    credit); JournalError after ``timeout`` seconds without a message.
+    """
+    reader = pika.BlockingConnection(connection._impl.params)  # type: ignore[attr-defined]
+    channel = reader.channel()
+    waiting: list[tuple[int, bytes]] = []
+    last_tag = 0
+    try:
+        channel.basic_qos(prefetch_count=_PREFETCH)
+        channel.basic_consume(
+            name,
+            lambda _ch, method, _props, body: waiting.append((method.delivery_tag or 0, body)),
+            arguments={"x-stream-offset": offset},
+        )
+        acked = 0
+        while True:
+            deadline = time.monotonic() + timeout
+            while not waiting:
+                if time.monotonic() > deadline:
+                    raise JournalError(
+                        f"the stream {name!r} gave nothing for {timeout:g}s; try again"
+                    )
+                reader.process_data_events(time_limit=0.05)
+            batch = waiting[:]
+            del waiting[:]
+            for tag, body in batch:
+                last_tag = tag
+                yield body
+            if last_tag - acked >= _ACK_EVERY:
+                channel.basic_ack(last_tag, multiple=True)
+                acked = last_tag
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            raise _missing(name) from None
+        raise
+    finally:
+        # pika rejects what the consumer still buffers, the stream then closes the
+        # connection: this one is the reader's alone, so that is fine
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            reader.close()
+
+
 def _read_sync(
     connection: pika.BlockingConnection, layout: Layout, since_ms: int, timeout: float
 ) -> Iterator[JournalRecord]:
@@ -103,43 +154,28 @@ def _read_sync(
     channel = connection.channel()
     try:
         channel.confirm_delivery()
-        try:
-            channel.basic_publish(
-                name,
-                "",
-                encode_record(marker),
-                pika.BasicProperties(**journal_properties(marker)),
-                mandatory=True,
-            )
-        except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
-            raise _missing(name) from None
-        channel.basic_qos(prefetch_count=_PREFETCH)
-        unacked = 0
-        for method, _props, body in channel.consume(
-            name, arguments={"x-stream-offset": _offset(since_ms)}, inactivity_timeout=timeout
-        ):
-            if method is None:
-                raise JournalError(
-                    f"the schedule journal {name!r} gave nothing for {timeout:g}s before the "
-                    "reader's own marker arrived; try again"
-                )
-            unacked += 1
-            if unacked >= _ACK_EVERY and method.delivery_tag is not None:
-                channel.basic_ack(method.delivery_tag, multiple=True)
-                unacked = 0
-            for record in decode_records(body or b""):
-                if record.kind == "marker":
-                    if record.message_id == marker.message_id:
-                        return
-                    continue
-                yield record
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code == 404:
-            raise _missing(name) from None
-        raise
+        channel.basic_publish(
+            name,
+            "",
+            encode_record(marker),
+            pika.BasicProperties(**journal_properties(marker)),
+            mandatory=True,
+        )
+    except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+        raise _missing(name) from None
     finally:
         if channel.is_open:
             channel.close()
+    bodies = stream_bodies(connection, name, _offset(since_ms), timeout)
+    try:
+        for body in bodies:
+            for record in decode_records(body):
+                if record.kind != "marker":
+                    yield record
+                elif record.message_id == marker.message_id:
+                    return
+    finally:
+        bodies.close()
 
 
 def read_journal(

@@ -11,8 +11,10 @@ import pika.exceptions
 
 from ..core.journal import decode_records, journal_name
 from ..core.status import QueueCounts, Status, build_status
+from ..errors import JournalError
 from ..settings import Settings
 from .connections import connect_blocking
+from .journal import stream_bodies
 from .management import ManagementApi
 from .topology_manager import TopologyManager
 
@@ -54,22 +56,14 @@ def _from_amqp(
 
 def _oldest_record_ms(connection: pika.BlockingConnection, stream: str) -> int | None:
     """When the journal's first record was written: one message read from its start."""
-    channel = connection.channel()
+    bodies = stream_bodies(connection, stream, "first", timeout=1.0)
     try:
-        channel.basic_qos(prefetch_count=1)
-        for method, _props, body in channel.consume(
-            stream, arguments={"x-stream-offset": "first"}, inactivity_timeout=1.0
-        ):
-            if method is None:
-                return None
-            records = decode_records(body or b"")
-            return min((r.recorded_at_ms for r in records), default=None)
-    except pika.exceptions.ChannelClosedByBroker:
+        records = decode_records(next(bodies))
+    except JournalError:
         return None
     finally:
-        if channel.is_open:
-            channel.close()
-    return None
+        bodies.close()
+    return min((r.recorded_at_ms for r in records), default=None)
 
 
 def gather_status(
