@@ -8,6 +8,7 @@
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
+#   make cluster-test  kill -9 and rolling-restart tests on a local 3-node cluster
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make clean    caches and build output (distclean also removes .venv)
@@ -45,7 +46,7 @@ endif
 WITH_BROKER = url="$$($(PY) scripts/broker.py --quiet)"; \
 	if [ -n "$$url" ]; then export RMQDELAY_URL="$$url"; fi; unset url;
 
-.PHONY: venv broker lint test unit test-rmq4 rmq4-stop test-oldest demo bench dist clean distclean
+.PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest demo bench dist clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -88,6 +89,21 @@ test-rmq4: venv
 
 rmq4-stop:
 	$(PY) scripts/broker.py rmq4 stop
+
+# A local 3-node cluster of Debian's rabbitmq-server on 127.0.0.1:5701-5703 (management
+# 15701-15703), data under /var/tmp/rmqdelay-cluster; cluster-test starts it, runs the
+# failover tests (kill -9 of a node, a rolling restart; about 2 minutes) and stops it.
+cluster: venv
+	$(PY) scripts/broker.py cluster start
+
+cluster-stop:
+	$(PY) scripts/broker.py cluster stop
+
+cluster-test: venv
+	@$(PY) scripts/broker.py cluster start > /dev/null; \
+	rc=0; $(VENV)/bin/pytest -q -s -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) scripts/broker.py cluster stop || rc=1; \
+	exit $$rc
 
 # The oldest supported Python (3.10), when one is installed: the pure core, the
 # publishers and the worker, in a venv of its own (pip may pick older dependencies).

@@ -11,6 +11,8 @@ where a broker comes from); this is its command line::
                                         # run CMD with RMQDELAY_URL set (any source,
                                         # the container lives as long as CMD)
     --no-management                     # never enable the management plugin
+    python scripts/broker.py cluster start|stop
+                                        # 3 local nodes on :5701-5703 (make cluster)
     python scripts/broker.py rmq4 start|stop
                                         # RabbitMQ 4.0 in a trixie chroot on :5682
                                         # (management :15682); start prints its URL
@@ -61,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["rmq4"]:
         return _rmq4(argv[1:])
+    if argv[:1] == ["cluster"]:
+        return _cluster(argv[1:])
     command: list[str] = []
     if "--" in argv:  # everything after "--" is the command for --run
         split = argv.index("--")
@@ -104,6 +108,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokerUnavailable as exc:
         error(str(exc))
         return 1
+
+
+def _cluster(argv: list[str]) -> int:
+    """``cluster start`` prints the three URLs, one a line; ``cluster stop``."""
+    from brokers import cluster
+
+    try:
+        if argv == ["start"]:
+            for url in cluster.start():
+                print(url, flush=True)
+            log("management: " + ", ".join(cluster.management_urls()))
+            return 0
+        if argv == ["stop"]:
+            return 0 if cluster.stop() else 1
+    except BrokerUnavailable as exc:
+        error(str(exc))
+        return 1
+    error("usage: broker.py cluster start|stop")
+    return 2
 
 
 def _rmq4(argv: list[str]) -> int:
