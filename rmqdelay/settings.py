@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -20,13 +21,18 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
 from .core.durations import format_ms, parse_duration_us
 from .core.layout import Layout
 from .errors import DelayError
 
 __all__ = ["Milliseconds", "Settings", "load_settings", "mask_url"]
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def _to_ms(value: Any) -> Any:
@@ -81,7 +87,11 @@ class Settings(BaseSettings):
     """Everything rmqdelay needs to know; the delay layout is derived from it."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RMQDELAY_", extra="forbid", validate_default=True, frozen=True
+        env_prefix="RMQDELAY_",
+        extra="forbid",
+        validate_default=True,
+        frozen=True,
+        hide_input_in_errors=True,  # a bad field must not print the URL's password
     )
 
     url: Urls = Field("amqp://guest:guest@localhost:5672/%2F", repr=False)
@@ -120,6 +130,18 @@ class Settings(BaseSettings):
     tls_key_file: Path | None = None
     """A client certificate and key, when the broker asks for one."""
 
+    @field_validator("url")
+    @classmethod
+    def _amqp_urls(cls, url: str) -> str:
+        for part in url.split(","):
+            parts = urlsplit(part.strip())
+            if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+                raise ValueError(
+                    f"url {mask_url(part.strip())!r} is not an AMQP URL: give "
+                    "amqp://user:password@host:port/vhost (amqps:// for TLS)"
+                )
+        return url
+
     @field_validator("management_url")
     @classmethod
     def _management_http(cls, url: str | None) -> str | None:
@@ -149,10 +171,13 @@ class Settings(BaseSettings):
     @field_validator("prefix")
     @classmethod
     def _prefix_name(cls, prefix: str) -> str:
-        if not _NAME.match(prefix) or prefix.startswith("amq."):
+        if prefix.startswith("amq."):
+            raise ValueError(f"prefix {prefix!r} must not start with 'amq.' (RabbitMQ's own)")
+        if not _NAME.match(prefix):
             raise ValueError(
-                f"prefix {prefix!r} must be words of letters, digits, '-' or '_' "
-                "joined by dots, and must not start with 'amq.'"
+                f"prefix {prefix!r} must be one name: words of letters, digits, '-' or '_' "
+                "run together, with no dots (the topology's names and routing patterns "
+                "use dots) and no spaces"
             )
         return prefix
 
@@ -243,6 +268,11 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
     path = Path(config) if config is not None else None
     if path is not None and not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
+    if path is not None:
+        try:
+            tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
     _CONFIG_FILE.path = path
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

@@ -65,10 +65,15 @@ def digits_for(layout: Layout, units: int) -> tuple[int, ...]:
     return best
 
 
+_CENTURY_US = 100 * 366 * 24 * 3600 * 10**6
+
+
 def check_max_delay(layout: Layout, delay_us: int) -> None:
     if delay_us > layout.max_delay_ms * 1000:
+        # a delay past a century is shown as such, not as a number of 140 digits
+        shown = format_ms(-(-delay_us // 1000)) if delay_us < _CENTURY_US else "over a century"
         raise DelayError(
-            f"delay of {format_ms(-(-delay_us // 1000))} is over the maximum of "
+            f"delay of {shown} is over the maximum of "
             f"{format_ms(layout.max_delay_ms)}; raise max_delay in the settings"
         )
 
