@@ -242,18 +242,21 @@ def measure_lead(url: str, leads: list[int], n: int) -> dict[str, Any]:
         loop.call_soon_threadsafe(runner.stop)
         thread.join(30)
         _destroy(settings)
-    honoured_all = [t["lead_ms"] for t in trials if t["honoured"] == t["messages"]]
-    failed = [t["lead_ms"] for t in trials if t["honoured"] < t["messages"]]
-    smallest = min(honoured_all) if honoured_all else None
+    ahead = [t for t in trials if t["lead_ms"] >= 0]
+    behind = [t for t in trials if t["lead_ms"] < 0]
     result = {
         "messages": n,
         "trials": trials,
-        "smallest_lead_all_honoured_ms": smallest,
-        "largest_lead_with_a_miss_ms": max(failed) if failed else None,
+        "smallest_lead_all_honoured_ms": min(
+            (t["lead_ms"] for t in ahead if t["honoured"] == n), default=None
+        ),
+        "every_cancel_before_due_honoured": all(t["honoured"] == n for t in ahead),
+        "after_due_honoured": [(t["lead_ms"], t["honoured"]) for t in behind],
     }
     print(
-        f"lead: smallest measured lead with {n} of {n} honoured: {smallest} ms; "
-        f"largest lead with a miss: {result['largest_lead_with_a_miss_ms']} ms"
+        f"lead: confirmed before the due time: {len(ahead)} trials, all honoured: "
+        f"{result['every_cancel_before_due_honoured']}, smallest lead "
+        f"{result['smallest_lead_all_honoured_ms']} ms; after it: {result['after_due_honoured']}"
     )
     return result
 
