@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import sys
+import threading
 from typing import Annotated, Any
 
 import typer
@@ -227,10 +228,15 @@ def _run_worker(
     names = _queues(queues)
     _describe(worker, settings, names)
     if metrics_port is not None:
-        from ..worker.metrics import serve_metrics
+        from ..amqp.status import gather_status
+        from ..worker.metrics import refresh_queue_gauges, serve_metrics
 
         serve_metrics(metrics_port)
         log.info("serving Prometheus metrics on port %d", metrics_port)
+        # scheduled per tier and parked, by passive declares: no management API needed
+        refresh_queue_gauges(
+            lambda: gather_status(settings, use_management=False), 15.0, threading.Event()
+        )
     runner = worker.runner(
         settings,
         concurrency=concurrency,

@@ -1,0 +1,36 @@
+"""The worker's gauges of scheduled and parked messages follow the broker's counts."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import REGISTRY
+from worker_helpers import make_settings
+
+from rmqdelay import Publisher
+from rmqdelay.amqp.status import gather_status
+from rmqdelay.core.plan import plan_delay
+from rmqdelay.worker.metrics import refresh_queue_gauges
+
+DEST = "gauged"
+
+
+def test_the_gauges_show_what_waits_in_the_tiers_and_parking(amqp_url: str, prefix: str) -> None:
+    settings = make_settings(amqp_url, prefix, [DEST], max_delay="10m")
+    with Publisher(settings) as publisher:
+        publisher.publish_many({"destination": DEST, "body": b"x", "delay": "5m"} for _ in range(4))
+    tier = plan_delay(settings.layout, 300_000_000, DEST).hops[0]
+    labels = {"prefix": prefix, "tier": tier.queue, "ttl_ms": str(tier.ttl_ms)}
+    stop = threading.Event()
+    thread = refresh_queue_gauges(lambda: gather_status(settings, use_management=False), 0.2, stop)
+    try:
+        deadline = time.monotonic() + 10
+        while REGISTRY.get_sample_value("rmqdelay_scheduled_messages", labels) != 4:
+            assert time.monotonic() < deadline, "the tier gauge never showed 4"
+            time.sleep(0.05)
+        assert REGISTRY.get_sample_value("rmqdelay_parked_messages", {"prefix": prefix}) == 0
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not thread.is_alive()
