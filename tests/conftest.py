@@ -25,6 +25,8 @@ for _path in (ROOT / "scripts", Path(__file__).resolve().parent):
 from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker  # noqa: E402
 from brokerctl import BrokerAdmin, make_prefix  # noqa: E402
 
+pytest_plugins = ["cluster_support"]  # the local_cluster fixture of tests/cluster
+
 # --------------------------------------------------------------------------- broker
 
 
@@ -117,6 +119,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.unit)
         elif "broker" in parts:
             item.add_marker(pytest.mark.broker)
+        elif "cluster" in parts:  # make cluster-test; left out of the default run
+            item.add_marker(pytest.mark.cluster)
 
 
 def _broker_path(item: pytest.Function) -> list[str] | None:

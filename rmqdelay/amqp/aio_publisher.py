@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Coroutine
+from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
+from ..core.journal import CancelResult, JournalRecord
 from ..core.outgoing import (
     CheckQueue,
     Flow,
@@ -26,6 +28,7 @@ from ..core.outgoing import (
     Steps,
 )
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
+from . import journal
 from .connections import connect_async
 from .passive import queue_exists_async
 from .publishing import PublisherSurface
@@ -128,6 +131,34 @@ class AsyncPublisher(
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    # ------------------------------------------------------------------ the journal
+
+    async def cancel(self, *message_ids: str) -> list[CancelResult]:
+        """:meth:`rmqdelay.Publisher.cancel`, from asyncio code."""
+        return await journal.cancel_async(
+            await self._live_connection(),
+            self.core.layout,
+            list(message_ids),
+            timeout=self.settings.confirm_timeout,
+        )
+
+    async def list_scheduled(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[JournalRecord]:
+        """:meth:`rmqdelay.Publisher.list_scheduled`, from asyncio code."""
+        return await journal.list_scheduled_async(
+            await self._live_connection(),
+            self.core.layout,
+            destination=destination,
+            due_before_ms=None if due_before is None else int(due_before.timestamp() * 1000),
+            limit=limit,
+            timeout=self.settings.confirm_timeout,
+        )
 
     # ------------------------------------------------------------------ connection
 

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from conftest import Cluster
+from cluster_support import Cluster
 
 from rmqdelay import (
     Context,
@@ -179,12 +179,17 @@ def test_a_rolling_restart_loses_nothing(local_cluster: Cluster) -> None:
         done.set()
         for t in threads:
             t.join(60)
+        waiting = {
+            q["name"]: q.get("messages")
+            for q in local_cluster.api("queues?columns=name,messages")
+            if str(q["name"]).startswith(f"{prefix}.") and q.get("messages")
+        }
         with TopologyManager(settings) as manager:
             manager.destroy(force=True)
     lost = confirmed.keys() - seen.at_ms.keys()
     duplicates = sum(len(v) - 1 for v in seen.at_ms.values())
     print(
-        f"\nrolling restart of 3 nodes: {len(confirmed)} confirmed, {len(lost)} lost, "
-        f"{duplicates} duplicates"
+        f"\nrolling restart of 3 nodes: {len(confirmed)} confirmed, {len(lost)} not handled, "
+        f"{duplicates} duplicates; still in queues: {waiting}"
     )
     assert confirmed and not lost

@@ -1,4 +1,4 @@
-"""The local 3-node cluster (``make cluster``), for tests marked ``cluster``."""
+"""The local 3-node cluster (``make cluster``) for the tests in tests/cluster."""
 
 from __future__ import annotations
 
@@ -7,20 +7,11 @@ import json
 import os
 import urllib.request
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 from brokers import cluster
 from brokers.probe import amqp_ok
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # this hook sees the whole session's items: mark only this folder's
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.cluster)
 
 
 class Cluster:
