@@ -9,6 +9,7 @@ cookie; nodes 2 and 3 join node 1. For the cluster tests: ``make cluster-test``.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -132,4 +133,9 @@ def stop() -> bool:
         vm = pid(node)
         if vm is not None:  # did not stop in time: do not leave it behind
             os.kill(vm, signal.SIGKILL)
-    return wait_for(lambda: all(pid(n) is None for n in nodes()), 30)
+    gone = wait_for(lambda: all(pid(n) is None for n in nodes()), 30)
+    if gone:
+        # a node of a stopped cluster waits for its peers when started alone; the next
+        # start forms a fresh cluster instead (this cluster is for tests)
+        shutil.rmtree(BASE, ignore_errors=True)
+    return gone
