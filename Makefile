@@ -2,7 +2,7 @@
 #
 #   make venv     .venv with the package and its dev extras (redone when pyproject.toml changes)
 #   make broker   make sure a RabbitMQ broker is up (scripts/broker.py)
-#   make lint     ruff + mypy (rmqdelay, tests and bench: installs the bench extras)
+#   make lint     ruff + mypy (rmqdelay, tests, bench, scripts: installs the bench extras)
 #   make test     lint, then pytest over tests/ with coverage of rmqdelay and its floor
 #                 (PYTEST_ARGS='-k foo -x' passes options through, and lifts the floor)
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
@@ -64,7 +64,7 @@ $(STAMP_BENCH): pyproject.toml $(STAMP_DEV)
 broker: venv
 	@$(PY) scripts/broker.py > /dev/null
 
-# mypy checks bench/ too, against the bench extras' own types
+# mypy checks bench/ and scripts/ too, bench against the bench extras' own types
 lint: $(STAMP_BENCH)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
