@@ -1,16 +1,25 @@
 """Gathering ``rmqdelay status``: one management API call, or one passive declare a queue.
 
-Neither reads a message (but the journal's first one), so the time does not grow with
-what is waiting; neither needs configure permission.
+Neither reads a message (but the journal's first one, and the parked ones when asked
+for per-destination counts), so the time does not grow with what is waiting; neither
+needs configure permission.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from typing import Any
+from urllib.parse import quote
 
 import pika
 import pika.exceptions
 
 from ..core.journal import decode_records, journal_name
-from ..core.status import QueueCounts, Status, build_status
+from ..core.layout import Layout
+from ..core.parking import read_parked
+from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked
 from ..errors import JournalError
 from ..settings import Settings
 from .connections import connect_blocking
@@ -18,18 +27,34 @@ from .journal import stream_bodies
 from .management import ManagementApi
 from .topology_manager import TopologyManager
 
-__all__ = ["gather_status"]
+__all__ = ["MAX_PARKED_PEEK", "gather_status", "peek_parked"]
+
+_COLUMNS = "name,messages,messages_ready,messages_unacknowledged,consumers"
+_PAGE_SIZE = 500  # the API's largest page
+MAX_PARKED_PEEK = 65_535
+"""The largest prefetch AMQP allows: the peek holds every message it read unacked."""
 
 
 def _from_management(api: ManagementApi, prefix: str) -> dict[str, QueueCounts]:
-    counts = {}
-    for q in api.queues(f"{prefix}."):
-        counts[str(q["name"])] = QueueCounts(
-            messages=int(q.get("messages") or 0),
-            ready=int(q.get("messages_ready") or 0),
-            unacked=int(q.get("messages_unacknowledged") or 0),
-            consumers=int(q.get("consumers") or 0),
+    """The prefix's queues only, these columns only: the API filters by name when paging."""
+    vhost = quote(api.vhost, safe="")
+    name = quote(f"^{re.escape(prefix)}\\.", safe="")
+    counts: dict[str, QueueCounts] = {}
+    page, pages = 1, 1
+    while page <= pages:
+        found: dict[str, Any] = api.get(
+            f"queues/{vhost}?columns={_COLUMNS}&name={name}&use_regex=true"
+            f"&pagination=true&page={page}&page_size={_PAGE_SIZE}"
         )
+        for q in found["items"]:
+            counts[str(q["name"])] = QueueCounts(
+                messages=int(q.get("messages") or 0),
+                ready=int(q.get("messages_ready") or 0),
+                unacked=int(q.get("messages_unacknowledged") or 0),
+                consumers=int(q.get("consumers") or 0),
+            )
+        pages = int(found.get("page_count") or 0)
+        page += 1
     return counts
 
 
@@ -55,8 +80,12 @@ def _from_amqp(
 
 
 def _oldest_record_ms(connection: pika.BlockingConnection, stream: str) -> int | None:
-    """When the journal's first record was written: one message read from its start."""
-    bodies = stream_bodies(connection, stream, "first", timeout=1.0)
+    """When the journal's first record was written: one message read from its start.
+
+    A stream that holds anything hands its first chunk over at once; over AMQP an empty
+    one looks the same as a full one, and costs this wait.
+    """
+    bodies = stream_bodies(connection, stream, "first", timeout=0.5)
     try:
         records = decode_records(next(bodies))
     except JournalError:
@@ -66,10 +95,58 @@ def _oldest_record_ms(connection: pika.BlockingConnection, stream: str) -> int |
     return min((r.recorded_at_ms for r in records), default=None)
 
 
+def peek_parked(
+    connection: pika.BlockingConnection, layout: Layout, limit: int, *, idle: float = 1.0
+) -> ParkedBreakdown | None:
+    """Count up to ``limit`` parked messages per destination, removing none.
+
+    A consumer without acks, its prefetch the limit, so the broker sends them all at
+    once; closing the channel puts every one back (the parking queue has no delivery
+    limit). It reads the messages, so it costs O(parked): only on request. None when
+    there is no parking queue.
+    """
+    limit = max(1, min(limit, MAX_PARKED_PEEK))
+    channel = connection.channel()
+    try:
+        try:
+            total = int(channel.queue_declare(layout.parking, passive=True).method.message_count)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == 404:
+                return None
+            raise
+        wanted = min(total, limit)
+        destinations: list[str | None] = []
+
+        def on_message(_ch: Any, method: Any, props: pika.BasicProperties, _body: bytes) -> None:
+            destinations.append(read_parked(props.headers, props.message_id, layout).destination)
+
+        if wanted:
+            channel.basic_qos(prefetch_count=limit)
+            channel.basic_consume(layout.parking, on_message, auto_ack=False)
+            last, seen = time.monotonic(), 0
+            while len(destinations) < wanted and time.monotonic() - last < idle:
+                connection.process_data_events(time_limit=0.05)
+                if len(destinations) > seen:
+                    last, seen = time.monotonic(), len(destinations)
+        return count_parked(destinations, total)
+    finally:
+        if channel.is_open:
+            channel.close()  # every message read goes back, none was acked
+
+
 def gather_status(
-    settings: Settings, destinations: list[str] | None = None, *, use_management: bool = True
+    settings: Settings,
+    destinations: list[str] | None = None,
+    *,
+    use_management: bool = True,
+    journal_oldest: bool = True,
+    parked_peek: int | None = None,
 ) -> Status:
-    """The snapshot; the management API when it answers, else passive declares."""
+    """The snapshot; the management API when it answers, else passive declares.
+
+    ``journal_oldest`` reads the journal's first record (a connection of its own);
+    ``parked_peek`` reads up to that many parked messages to count them per destination.
+    """
     layout = settings.layout
     wanted = list(dict.fromkeys([*settings.destinations, *(destinations or [])]))
     connection = connect_blocking(settings, "status")
@@ -80,7 +157,7 @@ def gather_status(
         if use_management and manager.management_problem is None:
             try:
                 counts = _from_management(manager.management, layout.prefix)
-            except (OSError, ValueError):  # an HTTP error, e.g. a 500 while queues change
+            except (OSError, ValueError, KeyError):  # an HTTP error, e.g. a 500 mid-change
                 counts = None
         if counts is not None:
             found = sorted(d for name in counts if (d := layout.destination_of(name)))
@@ -95,8 +172,14 @@ def gather_status(
             counts = _from_amqp(connection, names, streams)
             source = "AMQP"
         oldest = None
-        if layout.journal and journal_name(layout) in counts:
+        journal = counts.get(journal_name(layout)) if layout.journal else None
+        # an empty stream would keep the read waiting for its timeout: skip it when known
+        if journal_oldest and journal is not None and journal.messages != 0:
             oldest = _oldest_record_ms(connection, journal_name(layout))
-        return build_status(layout, counts, wanted, source, journal_oldest_ms=oldest)
+        status = build_status(layout, counts, wanted, source, journal_oldest_ms=oldest)
+        if parked_peek is not None and status.parked is not None:
+            breakdown = peek_parked(connection, layout, parked_peek)
+            status = dataclasses.replace(status, parked_by_destination=breakdown)
+        return status
     finally:
         connection.close()

@@ -12,7 +12,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from ..amqp.status import gather_status
+from ..amqp.status import MAX_PARKED_PEEK, gather_status
 from ..core.durations import format_ms
 from ..core.status import Status, prometheus_text
 from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
@@ -36,6 +36,12 @@ def _render(status: Status) -> Group:
     for row in status.destinations:
         work.add_row(row.destination, _n(row.ready), _n(row.unacked), _n(row.consumers))
     lines = [f"parked: {_n(status.parked)}"]
+    peek = status.parked_by_destination
+    if peek is not None:
+        parts = [f"{d} {n:,}" for d, n in peek.destinations.items()]
+        parts += [f"no destination {peek.unknown:,}"] if peek.unknown else []
+        of = "all" if peek.complete else f"the first {peek.read:,}"
+        lines.append(f"parked by destination ({of} read): {', '.join(parts) or 'none'}")
     if status.journal is not None:
         oldest = status.journal.oldest_ms
         since = (
@@ -60,8 +66,9 @@ def _render(status: Status) -> Group:
     "status",
     epilog="Counts come from one management API call (or, without it, one passive "
     "declare a queue): the time does not grow with what is waiting, and no configure "
-    "permission is needed. Examples: `rmqdelay status`; `rmqdelay status --json`; "
-    "`rmqdelay status --watch`; `rmqdelay status --prometheus`",
+    "permission is needed (--parked-by-destination alone reads messages). Examples: "
+    "`rmqdelay status`; `rmqdelay status --json`; `rmqdelay status --watch`; "
+    "`rmqdelay status --prometheus`; `rmqdelay status --parked-by-destination`",
 )
 @friendly_errors
 def status(
@@ -77,6 +84,23 @@ def status(
     amqp_only: Annotated[
         bool, typer.Option("--amqp-only", help="Passive declares, not the management API.")
     ] = False,
+    parked_by_destination: Annotated[
+        bool,
+        typer.Option(
+            "--parked-by-destination",
+            help="Also count parked messages per destination. This READS them (none is "
+            "removed), so it costs one step per parked message, up to --parked-limit.",
+        ),
+    ] = False,
+    parked_limit: Annotated[
+        int,
+        typer.Option(
+            "--parked-limit",
+            min=1,
+            max=MAX_PARKED_PEEK,
+            help="Read at most this many parked messages for --parked-by-destination.",
+        ),
+    ] = 10_000,
     url: UrlOpt = None,
     prefix: PrefixOpt = None,
     config: ConfigOpt = None,
@@ -85,7 +109,12 @@ def status(
     settings = settings_from(url, prefix, config)
 
     def snapshot() -> Status:
-        return gather_status(settings, destination, use_management=not amqp_only)
+        return gather_status(
+            settings,
+            destination,
+            use_management=not amqp_only,
+            parked_peek=parked_limit if parked_by_destination else None,
+        )
 
     if as_json:
         print(json.dumps(snapshot().to_json()))

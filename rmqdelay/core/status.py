@@ -7,7 +7,8 @@ the answer takes the same time with a million messages waiting.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,10 +18,12 @@ from .layout import Layout
 __all__ = [
     "DestinationStatus",
     "JournalStatus",
+    "ParkedBreakdown",
     "QueueCounts",
     "Status",
     "TierStatus",
     "build_status",
+    "count_parked",
     "prometheus_text",
 ]
 
@@ -61,6 +64,28 @@ class JournalStatus:
 
 
 @dataclass(frozen=True)
+class ParkedBreakdown:
+    """Parked messages per destination, from reading them: O(parked), so only on request."""
+
+    read: int
+    """How many parked messages were read (at most the limit asked for)."""
+    complete: bool
+    """Every message the parking queue held was read: the counts add up to ``parked``."""
+    destinations: dict[str, int]
+    unknown: int = 0
+    """Messages that name no destination (published there by hand, or from outside)."""
+
+
+def count_parked(destinations: Iterable[str | None], total: int) -> ParkedBreakdown:
+    """Count the destinations of the parked messages read; ``total`` is the queue's size."""
+    counts = Counter(destinations)
+    unknown = counts.pop(None, 0)
+    named = {d: n for d, n in sorted(counts.items()) if d is not None}
+    read = unknown + sum(named.values())
+    return ParkedBreakdown(read, read >= total, named, unknown)
+
+
+@dataclass(frozen=True)
 class Status:
     prefix: str
     source: str
@@ -71,6 +96,8 @@ class Status:
     journal: JournalStatus | None = None
     missing: list[str] = field(default_factory=list)
     """Queues of the layout the broker does not have: run ``topology apply``."""
+    parked_by_destination: ParkedBreakdown | None = None
+    """Only when asked for (``--parked-by-destination``): it reads the parked messages."""
 
     @property
     def scheduled(self) -> int:
