@@ -235,7 +235,9 @@ def _run_worker(
         log.info("serving Prometheus metrics on port %d", metrics_port)
         # scheduled per tier and parked, by passive declares: no management API needed
         refresh_queue_gauges(
-            lambda: gather_status(settings, use_management=False), 15.0, threading.Event()
+            lambda: gather_status(settings, use_management=False, journal_oldest=False),
+            15.0,
+            threading.Event(),
         )
     runner = worker.runner(
         settings,
