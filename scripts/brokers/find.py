@@ -208,10 +208,18 @@ def _with_management(info: BrokerInfo) -> BrokerInfo:
         if mgmt is None:
             log(f"${MANAGEMENT_ENV_VAR} ({explicit}) does not answer; using rabbitmqctl")
         return BrokerInfo(url=info.url, management_url=mgmt, source=info.source)
-    if info.source in ("local", "debian") or is_loopback(info.url):
+    host, port = host_port(info.url)
+    if is_loopback(info.url) and port != LOCAL_PORT:
+        # another broker of this machine (make test-rmq4 on :5682, the cluster on :5701):
+        # :15672 is the API of the one on :5672, so only its own port + 10000 will do
+        candidate = f"http://{host}:{port + MANAGEMENT_PORT - LOCAL_PORT}"
+        ok = management_ok(candidate, info.url, timeout=2.0, amqp_port=port)
+        mgmt = candidate if ok else None
+        if mgmt is None:
+            log(f"no management API of {host}:{port} at {candidate}; set ${MANAGEMENT_ENV_VAR}")
+    elif info.source in ("local", "debian") or is_loopback(info.url):
         mgmt = _ensure_local_management(info)
     else:
-        host, _ = host_port(info.url)
         candidate = f"http://{host}:{MANAGEMENT_PORT}"
         mgmt = candidate if management_ok(candidate, info.url, timeout=2.0) else None
     return BrokerInfo(url=info.url, management_url=mgmt, source=info.source)

@@ -81,8 +81,14 @@ def amqp_ok(url: str, timeout: float = 5.0) -> tuple[bool, str]:
     return True, f"ok (RabbitMQ {version})"
 
 
-def management_ok(management_url: str, amqp_url: str, timeout: float = 3.0) -> bool:
-    """True when GET <management_url>/api/overview answers with the AMQP URL's credentials."""
+def management_ok(
+    management_url: str, amqp_url: str, timeout: float = 3.0, *, amqp_port: int | None = None
+) -> bool:
+    """True when GET <management_url>/api/overview answers with the AMQP URL's credentials.
+
+    With *amqp_port*, the API must also list an AMQP listener on that port: on a machine
+    running several brokers, an API that answers may still be another broker's.
+    """
     user, pw = credentials(amqp_url)
     token = base64.b64encode(f"{user}:{pw}".encode()).decode()
     request = urllib.request.Request(
@@ -93,7 +99,17 @@ def management_ok(management_url: str, amqp_url: str, timeout: float = 3.0) -> b
             data: Any = json.load(response)
     except (OSError, ValueError):  # URLError/HTTPError are OSErrors; bad JSON is ValueError
         return False
-    return isinstance(data, dict) and "rabbitmq_version" in data
+    if not (isinstance(data, dict) and "rabbitmq_version" in data):
+        return False
+    if amqp_port is None:
+        return True
+    listeners = data.get("listeners") or []
+    return any(
+        isinstance(item, dict)
+        and str(item.get("protocol", "")).startswith("amqp")
+        and item.get("port") == amqp_port
+        for item in listeners
+    )
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:

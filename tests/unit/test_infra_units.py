@@ -113,3 +113,53 @@ def test_enabling_management_on_a_broker_not_ours_says_so_first(
     assert "not started by scripts/broker.py" in err and "--no-management" in err
     assert enabled == [("rabbitmq_management",)]
     assert info.management_url == "http://127.0.0.1:15672"
+
+
+def test_a_second_local_broker_never_gets_the_first_ones_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """RabbitMQ 4 on :5682 beside 3.10 on :5672: :15672 answers, but is the other broker's."""
+    asked: list[tuple[str, int | None]] = []
+
+    def management_ok(url: str, amqp_url: str, timeout: float = 3.0, **kw: int | None) -> bool:
+        asked.append((url, kw.get("amqp_port")))
+        return url == "http://127.0.0.1:15682" and kw.get("amqp_port") == 5682
+
+    monkeypatch.delenv("RMQDELAY_MANAGEMENT_URL", raising=False)
+    monkeypatch.setattr(find, "management_ok", management_ok)
+    info = find._with_management(BrokerInfo("amqp://guest:guest@127.0.0.1:5682/%2F", None, "env"))
+    assert info.management_url == "http://127.0.0.1:15682"
+    assert asked == [("http://127.0.0.1:15682", 5682)]
+
+
+def test_management_ok_checks_the_api_serves_the_amqp_port() -> None:
+    """An answering API whose listeners name another AMQP port is not this broker's."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from brokers.probe import management_ok
+
+    class Overview(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = {"rabbitmq_version": "3.10.8", "listeners": [{"protocol": "amqp", "port": 5672}]}
+            raw = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Overview)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = f"http://127.0.0.1:{server.server_address[1]}"
+        url = "amqp://guest:guest@127.0.0.1:5682/%2F"
+        assert management_ok(api, url)
+        assert management_ok(api, url, amqp_port=5672)
+        assert not management_ok(api, url, amqp_port=5682)
+    finally:
+        server.shutdown()
+        server.server_close()
