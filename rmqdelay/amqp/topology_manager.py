@@ -215,6 +215,7 @@ class TopologyManager:
     def plan(self, destinations: Iterable[str] = ()) -> list[ObjectState]:
         """What exists, what is missing and what differs. Changes nothing."""
         topology = self.topology(destinations)
+        leaders = self.leaders()
         states: list[ObjectState] = []
         for obj in topology.objects:
             kind: Literal["exchange", "queue"] = "queue" if isinstance(obj, Queue) else "exchange"
@@ -223,12 +224,29 @@ class TopologyManager:
                 continue
             try:  # an identical declare of an existing object is a no-op
                 self._declare(obj)
-                note = PLACEMENT_NOTE if obj.name in self.placement_kept else ""
-                states.append(ObjectState(kind, obj.name, "ok", note))
+                notes = [f"leader {leaders[obj.name]}"] if obj.name in leaders else []
+                if obj.name in self.placement_kept:
+                    notes.append(PLACEMENT_NOTE)
+                states.append(ObjectState(kind, obj.name, "ok", "; ".join(notes)))
             except TopologyConflictError as exc:
                 detail = f"{exc.argument}: found {exc.found}, wanted {exc.wanted}"
                 states.append(ObjectState(kind, obj.name, "differs", detail))
         return states + self._binding_states(topology)
+
+    def leaders(self) -> dict[str, str]:
+        """The node leading each of the prefix's quorum queues, when the management API is
+        there (and this broker's); empty otherwise."""
+        if self.management_problem:
+            return {}
+        try:
+            queues = self.management.queues(f"{self.layout.prefix}.")
+        except (OSError, ValueError):
+            return {}
+        return {
+            str(q["name"]): str(q.get("leader") or q.get("node"))
+            for q in queues
+            if q.get("type") == "quorum" and (q.get("leader") or q.get("node"))
+        }
 
     def apply(self, destinations: Iterable[str] = ()) -> Topology:
         """Declare every object and binding. Idempotent; never deletes."""

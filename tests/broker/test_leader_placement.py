@@ -37,3 +37,14 @@ def test_another_difference_still_stops_apply_behind_a_placement_one(
     with TopologyManager(changed) as manager, pytest.raises(TopologyConflictError) as info:
         manager.apply(["orders"])
     assert info.value.argument == "x-delivery-limit"
+
+
+def test_plan_shows_each_quorum_queues_leader(amqp_url: str, prefix: str) -> None:
+    settings = _settings(amqp_url, prefix)
+    with TopologyManager(settings) as manager:
+        topology = manager.apply(["orders"])
+        assert manager.management_problem is None  # the test broker has the API
+        states = {s.name: s for s in manager.plan(["orders"])}
+    quorum = [q.name for q in topology.queues if q.arguments.get("x-queue-type") == "quorum"]
+    assert quorum
+    assert all(states[name].detail.startswith("leader ") for name in quorum)
