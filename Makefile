@@ -8,6 +8,7 @@
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
+#   make cluster  a local 3-node cluster on :5701-5703, its URLs printed masked (cluster-stop)
 #   make cluster-test  kill -9 and rolling-restart tests on a local 3-node cluster
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
@@ -100,7 +101,9 @@ cluster-stop:
 	$(PY) scripts/broker.py cluster stop
 
 cluster-test: venv
-	@$(PY) scripts/broker.py cluster start > /dev/null; \
+	@$(PY) scripts/broker.py cluster start || { $(PY) scripts/broker.py cluster stop; exit 1; }; \
+	export RMQDELAY_CLUSTER_URLS="$$($(PY) scripts/broker.py cluster urls)"; \
+	export RMQDELAY_CLUSTER_MANAGEMENT_URLS="$$($(PY) scripts/broker.py cluster management-urls)"; \
 	rc=0; $(VENV)/bin/pytest -q -s -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS) || rc=$$?; \
 	$(PY) scripts/broker.py cluster stop || rc=1; \
 	exit $$rc

@@ -12,7 +12,10 @@ where a broker comes from); this is its command line::
                                         # the container lives as long as CMD)
     --no-management                     # never enable the management plugin
     python scripts/broker.py cluster start|stop
-                                        # 3 local nodes on :5701-5703 (make cluster)
+                                        # 3 local nodes on :5701-5703 (make cluster);
+                                        # start prints their masked URLs
+    python scripts/broker.py cluster urls|management-urls
+                                        # comma-separated, for $(...) (make cluster-test)
     python scripts/broker.py rmq4 start|stop
                                         # RabbitMQ 4.0 in a trixie chroot on :5682
                                         # (management :15682); start prints its URL
@@ -27,6 +30,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 
 # the brokers package lives beside this file (sys.path[0] when run as a script)
@@ -111,21 +115,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cluster(argv: list[str]) -> int:
-    """``cluster start`` prints the three URLs, one a line; ``cluster stop``."""
+    """``cluster start`` (idempotent) prints the nodes' masked URLs; ``cluster stop``;
+    ``cluster urls`` and ``cluster management-urls`` print comma-separated lists for
+    ``$(...)`` in a shell (the AMQP ones unmasked: never to a terminal)."""
     from brokers import cluster
 
     try:
         if argv == ["start"]:
-            for url in cluster.start():
-                print(url, flush=True)
-            log("management: " + ", ".join(cluster.management_urls()))
+            started = time.monotonic()
+            cluster.start()
+            rows = zip(cluster.node_names(), cluster.urls(), cluster.management_urls(), strict=True)
+            for name, url, api in rows:
+                print(f"{name}  {mask_url(url)}  management {api}", flush=True)
+            log(f"cluster start took {time.monotonic() - started:.0f}s")
             return 0
         if argv == ["stop"]:
             return 0 if cluster.stop() else 1
+        if argv == ["urls"]:
+            print(",".join(cluster.urls()), flush=True)
+            return 0
+        if argv == ["management-urls"]:
+            print(",".join(cluster.management_urls()), flush=True)
+            return 0
     except BrokerUnavailable as exc:
         error(str(exc))
         return 1
-    error("usage: broker.py cluster start|stop")
+    error("usage: broker.py cluster start|stop|urls|management-urls")
     return 2
 
 

@@ -1,32 +1,63 @@
-"""The local 3-node cluster (``make cluster``) for the tests in tests/cluster."""
+"""The 3-node cluster for the tests in tests/cluster: fixtures ``cluster`` (and its old
+name ``local_cluster``).
+
+``make cluster-test`` starts the cluster (scripts/broker.py cluster start) and exports
+its nodes as ``RMQDELAY_CLUSTER_URLS`` and ``RMQDELAY_CLUSTER_MANAGEMENT_URLS``
+(comma-separated, in node order); without them the fixture looks for ``make cluster``'s
+nodes. Killing and restarting a node works on those local nodes only.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import urllib.parse
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from brokers import cluster
+from brokers import cluster as local_nodes
+from brokers.base import credentials
 from brokers.probe import amqp_ok
 
+URLS_ENV = "RMQDELAY_CLUSTER_URLS"
+MANAGEMENT_ENV = "RMQDELAY_CLUSTER_MANAGEMENT_URLS"
 
+
+def _listed(variable: str, default: list[str]) -> list[str]:
+    value = os.environ.get(variable, "").strip()
+    return [item.strip() for item in value.split(",") if item.strip()] if value else default
+
+
+@dataclass(frozen=True, repr=False)
 class Cluster:
-    """URLs of the three nodes, where queue leaders are, and crash or restart a node."""
+    """The nodes' URLs (index i is node i), where queue leaders are, and crash or
+    restart a node."""
 
-    urls = cluster.urls()
-    management = cluster.management_urls()
+    urls: list[str]  # amqp:// with credentials: never print them unmasked
+    management: list[str]
+
+    def __repr__(self) -> str:  # pytest shows fixture values: keep passwords out
+        return f"Cluster(management={self.management})"
 
     def api(self, path: str, node: int = 0) -> Any:
-        auth = base64.b64encode(b"guest:guest").decode()
+        """GET the management API of *node* (``path`` without the leading /api/)."""
+        user, password = credentials(self.urls[node])
+        auth = base64.b64encode(f"{user}:{password}".encode()).decode()
         request = urllib.request.Request(
             f"{self.management[node]}/api/{path}", headers={"Authorization": f"Basic {auth}"}
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)
+
+    def leader(self, queue: str, vhost: str = "/", node: int = 0) -> str:
+        """The node that leads quorum queue *queue* (its host node for other types)."""
+        path = f"queues/{urllib.parse.quote(vhost, safe='')}/{urllib.parse.quote(queue, safe='')}"
+        row = self.api(path, node)
+        return str(row.get("leader") or row["node"])
 
     def leaders(self, prefix: str, node: int = 0) -> Counter[str]:
         """How many of the prefix's quorum queues each node leads."""
@@ -38,18 +69,49 @@ class Cluster:
         )
 
     def index_of(self, node_name: str) -> int:
-        return [f"{n}@localhost" for n in cluster.NAMES].index(node_name)
+        """The index of ``rmqd-c2@localhost`` and the like in :attr:`urls`."""
+        return local_nodes.node_names().index(node_name)
 
-    kill = staticmethod(cluster.kill)
-    restart = staticmethod(cluster.restart)
-    stop_one = staticmethod(cluster.stop_one)
+    def _local(self, index: int) -> int:
+        if self.urls != local_nodes.urls():
+            pytest.skip("killing or restarting a node needs the local cluster (make cluster)")
+        return index
+
+    def kill(self, index: int) -> None:
+        """kill -9 node *index*'s Erlang VM, as a crash would; returns once its port closes."""
+        local_nodes.kill(self._local(index))
+
+    def restart(self, index: int) -> None:
+        """Start node *index* again; returns once the cluster has every node running."""
+        local_nodes.restart(self._local(index))
+
+    def stop_one(self, index: int) -> None:
+        """rabbitmqctl stop node *index* (a clean shutdown)."""
+        local_nodes.stop_one(self._local(index))
+
+    def running_nodes(self, index: int = 0) -> int:
+        """How many nodes node *index* sees running."""
+        return local_nodes.running_nodes(self._local(index))
 
 
 @pytest.fixture(scope="session")
-def local_cluster() -> Cluster:
-    if not all(amqp_ok(url, timeout=3.0)[0] for url in cluster.urls()):
-        message = "no local cluster: run `make cluster` (or `make cluster-test`)"
+def cluster() -> Cluster:
+    """The cluster of ``make cluster-test``; skips (fails under CI) when it is not up."""
+    found = Cluster(
+        urls=_listed(URLS_ENV, local_nodes.urls()),
+        management=_listed(MANAGEMENT_ENV, local_nodes.management_urls()),
+    )
+    if len(found.urls) != len(found.management) or not all(
+        amqp_ok(url, timeout=3.0)[0] for url in found.urls
+    ):
+        message = f"no cluster: run `make cluster-test` (or `make cluster`, or set {URLS_ENV})"
         if os.environ.get("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
-    return Cluster()
+    return found
+
+
+@pytest.fixture(scope="session")
+def local_cluster(cluster: Cluster) -> Cluster:
+    """The same as ``cluster`` (its first name)."""
+    return cluster
