@@ -10,14 +10,16 @@ distribution port 25682. The host's epmd serves both Erlang versions.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 from .base import BrokerUnavailable, log, run_captured
-from .debian import _raise_nofile_limit
 from .probe import amqp_ok, tcp_open, wait_for
 
 __all__ = ["AMQP_PORT", "MANAGEMENT_PORT", "ROOT", "URL", "ensure_chroot", "start", "stop"]
@@ -40,6 +42,16 @@ _CONFIG = {
     "etc/rabbitmq/enabled_plugins": "[rabbitmq_management].\n",
     "etc/rabbitmq/rabbitmq-env.conf": f"NODENAME={NODE}\nDIST_PORT={DIST_PORT}\n",
 }
+_LIMITS = "etc/security/limits.d/rabbitmq.conf"
+
+
+def _nofile_limits() -> str:
+    """The package's wrapper starts the node through su, whose pam_limits cuts the soft
+    open-files limit to 1024: too few for the suite's queues and connections. Ask for
+    our hard limit (a container may not raise it)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+    return f"rabbitmq soft nofile {wanted}\n"
 
 
 def _run(cmd: list[str], timeout: float) -> None:
@@ -108,6 +120,27 @@ def _chroot_pids() -> list[int]:
     return pids
 
 
+def _stop_own_epmd() -> None:
+    """An epmd the node started inside the chroot (none ran on the host) outlives it and
+    keeps /dev busy: end it once no node is registered with it."""
+    epmds = [pid for pid in _chroot_pids() if _comm(pid) == "epmd"]
+    if not epmds or _chroot_pids() != epmds:
+        return
+    names = run_captured(["chroot", str(ROOT), "epmd", "-names"], 10).stdout
+    if "name " in names:
+        return
+    for pid in epmds:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def _unmount() -> None:
     for target in (ROOT / "proc", ROOT / "dev"):
         if _mounted(target):
@@ -123,10 +156,10 @@ def start(timeout: float = 120.0) -> str:
     ensure_chroot()
     if tcp_open("127.0.0.1", AMQP_PORT) and amqp_ok(URL, timeout=3.0)[0]:
         return URL
-    for relative, text in _CONFIG.items():
+    for relative, text in {**_CONFIG, _LIMITS: _nofile_limits()}.items():
+        (ROOT / relative).parent.mkdir(parents=True, exist_ok=True)
         (ROOT / relative).write_text(text)
     _mount()
-    _raise_nofile_limit()  # at 1024 open files a few hundred queues hang new connections
     log(f"starting RabbitMQ 4 ({NODE}) in {ROOT} on 127.0.0.1:{AMQP_PORT}")
     _run(["chroot", str(ROOT), "rabbitmq-server", "-detached"], 60)
     if not wait_for(lambda: amqp_ok(URL, timeout=3.0)[0], timeout, interval=1.0):
@@ -146,8 +179,13 @@ def stop() -> bool:
         if proc.returncode != 0:
             log(f"rabbitmqctl stop exited {proc.returncode}: {proc.stdout.strip()[-300:]}")
         wait_for(lambda: not tcp_open("127.0.0.1", AMQP_PORT), 60)
+
     # the port closes before the VM has exited: unmount only once nothing runs in there
-    stopped = wait_for(lambda: not _chroot_pids(), 60)
+    def gone() -> bool:
+        _stop_own_epmd()
+        return not _chroot_pids()
+
+    stopped = wait_for(gone, 60)
     if stopped:
         _unmount()
     else:
