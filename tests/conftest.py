@@ -8,6 +8,7 @@ Add further fixtures in their own section below.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -50,6 +51,21 @@ def amqp_url(broker: BrokerInfo) -> str:
     """amqp:// URL of the session's broker.  Its repr() masks the password, so pytest's
     tracebacks don't show it; str() is the real URL (don't print that)."""
     return SecretUrl(broker.url)
+
+
+@pytest.fixture(scope="session")
+def broker_version(broker: BrokerInfo) -> tuple[int, ...]:
+    """The broker's version from its AMQP server properties, e.g. ``(4, 0, 5)``: for
+    tests that assert what each RabbitMQ version does (tests/broker/test_broker_versions.py)."""
+    import pika
+
+    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        raw = getattr(connection, "_impl").server_properties.get("version", b"")  # noqa: B009
+    finally:
+        connection.close()
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
 
 
 @pytest.fixture(scope="session")
