@@ -101,9 +101,11 @@ def peek_parked(
     """Count up to ``limit`` parked messages per destination, removing none.
 
     A consumer without acks, its prefetch the limit, so the broker sends them all at
-    once; closing the channel puts every one back (the parking queue has no delivery
-    limit). It reads the messages, so it costs O(parked): only on request. None when
-    there is no parking queue.
+    once; closing the channel puts every one back. It reads the messages, so it costs
+    O(parked): only on request. Each read counts as a return: on RabbitMQ 4.0, whose
+    quorum queues default to a delivery limit of 20, the parking queue (declared without
+    a limit of its own) drops a message at its 21st, as ``parked list`` does (see the
+    README's RabbitMQ versions). None when there is no parking queue.
     """
     limit = max(1, min(limit, MAX_PARKED_PEEK))
     channel = connection.channel()

@@ -89,7 +89,9 @@ def status(
         typer.Option(
             "--parked-by-destination",
             help="Also count parked messages per destination. This READS them (none is "
-            "removed), so it costs one step per parked message, up to --parked-limit.",
+            "removed), so it costs one step per parked message, up to --parked-limit; "
+            "on RabbitMQ 4.0 each read counts toward the parking queue's default "
+            "delivery limit of 20 (see the README's RabbitMQ versions).",
         ),
     ] = False,
     parked_limit: Annotated[
