@@ -110,9 +110,18 @@ class TopologyError(RmqDelayError):
 class ConnectionFailedError(TopologyError):
     """No connection to the broker could be opened: the URL, TLS or the network.
 
+    ``transient`` says whether trying again can help: True for a refused, reset or
+    timed-out connection or a broker restarting; False for what only a change of
+    settings or permissions fixes (credentials, an unknown virtual host, no access to
+    it, an untrusted certificate). A worker retries the first and stops on the second.
+
     It subclasses :class:`TopologyError` only so that code written when connection
     failures were reported under that name still catches them.
     """
+
+    def __init__(self, message: str, *, transient: bool = True) -> None:
+        self.transient = transient
+        super().__init__(message)
 
 
 class WorkerError(RmqDelayError):

@@ -11,7 +11,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import (
@@ -70,17 +70,34 @@ Milliseconds = Annotated[int, BeforeValidator(_to_ms)]
 _TEN_MS: Any = "10ms"
 
 
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def mask_url(url: str) -> str:
-    """Hide the password of an AMQP URL, or of each URL of a comma-separated list."""
-    if "," in url:
-        return ",".join(mask_url(part) for part in url.split(","))
-    parts = urlsplit(url)
-    if parts.password is None:
+    """Hide the password of an AMQP URL, or of each URL of a comma-separated list.
+
+    It never parses the URL strictly, so a URL that does not parse (a bad port, a raw
+    ``/``, ``@`` or ``,`` in its password) is masked too, and never raises.
+    """
+    starts = [m.start() for m in _SCHEME.finditer(url)]
+    if not starts or starts[0] != 0:
+        starts.insert(0, 0)
+    ends = [*starts[1:], len(url)]
+    return "".join(_mask_one(url[a:b]) for a, b in zip(starts, ends, strict=True))
+
+
+def _mask_one(url: str) -> str:
+    """``scheme://user:***@rest``: the password runs from the first ``:`` of the user
+    part to the last ``@`` (of the authority, else of the whole URL)."""
+    scheme = _SCHEME.match(url)
+    head = scheme.group(0) if scheme else ""
+    rest = url[len(head) :]
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    at = authority.rfind("@") if "@" in authority else rest.rfind("@")
+    user, colon, _password = rest[: max(at, 0)].partition(":")
+    if at < 0 or not colon:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    return f"{head}{user}:***@{rest[at + 1 :]}"
 
 
 class Settings(BaseSettings):
@@ -133,6 +150,7 @@ class Settings(BaseSettings):
     @field_validator("url")
     @classmethod
     def _amqp_urls(cls, url: str) -> str:
+        schemes = set()
         for part in url.split(","):
             parts = urlsplit(part.strip())
             if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
@@ -140,6 +158,9 @@ class Settings(BaseSettings):
                     f"url {mask_url(part.strip())!r} is not an AMQP URL: give "
                     "amqp://user:password@host:port/vhost (amqps:// for TLS)"
                 )
+            schemes.add(parts.scheme)
+        if len(schemes) > 1:  # TLS is set for all of them, from the first
+            raise ValueError("url mixes amqp:// and amqps:// addresses: use one scheme for all")
         return url
 
     @field_validator("management_url")
@@ -171,8 +192,10 @@ class Settings(BaseSettings):
     @field_validator("prefix")
     @classmethod
     def _prefix_name(cls, prefix: str) -> str:
-        if prefix.startswith("amq."):
-            raise ValueError(f"prefix {prefix!r} must not start with 'amq.' (RabbitMQ's own)")
+        if prefix == "amq" or prefix.startswith("amq."):
+            raise ValueError(
+                f"prefix {prefix!r} must not start with 'amq.' or be 'amq' (RabbitMQ's own names)"
+            )
         if not _NAME.match(prefix):
             raise ValueError(
                 f"prefix {prefix!r} must be one name: words of letters, digits, '-' or '_' "

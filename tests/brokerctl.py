@@ -394,6 +394,15 @@ class BrokerAdmin:
             self._ctl("change_password", name, password)
         self._ctl("set_permissions", "-p", vhost, name, configure, write, read)
 
+    def clear_permissions(self, name: str, vhost: str = "/") -> None:
+        """Take every permission of user *name* on *vhost* away (none set is fine)."""
+        if self.uses_management_api:
+            self._request(
+                "DELETE", f"/api/permissions/{self._q(vhost)}/{self._q(name)}", ok404=True
+            )
+            return
+        self._ctl("clear_permissions", "-p", vhost, name)
+
     def delete_user(self, name: str) -> None:
         """Delete user *name*; a missing user is fine."""
         if self.uses_management_api:

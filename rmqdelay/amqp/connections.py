@@ -5,12 +5,23 @@ operator can tell them apart in the management UI and tests can close one.
 
 With several broker addresses (a cluster's nodes), every connect and reconnect tries them
 in ``url_order``, so a client whose node died moves to a live one.
+
+Why a connect failed is told by :func:`connection_failure`, for pika and aiormq alike,
+so the CLI, the publishers and the worker use the same words, and the worker knows
+what to retry (a refused or dropped connection) and what to stop on (credentials, an
+unknown virtual host, no access to it, an untrusted certificate).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import random
+import re
+import socket
 import ssl
+from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aiormq
@@ -20,10 +31,15 @@ from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 from yarl import URL
 
 from ..errors import ConnectionFailedError
-from ..settings import Settings
+from ..settings import Settings, mask_url
 from .tls import ssl_context
 
-__all__ = ["candidate_urls", "connect_async", "connect_blocking"]
+__all__ = ["candidate_urls", "connect_async", "connect_blocking", "connection_failure"]
+
+CONNECT_TIMEOUT_S = 10.0
+_URL_HINT = "check the url setting (--url, RMQDELAY_URL)"
+_REPLY = re.compile(r"\((\d{3})\) '(.*)'", re.S)  # pika: "...: (530) 'NOT_ALLOWED - ...'"
+_TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
 
 
 def candidate_urls(settings: Settings) -> list[str]:
@@ -32,27 +48,209 @@ def candidate_urls(settings: Settings) -> list[str]:
     return random.sample(urls, len(urls)) if settings.url_order == "shuffled" else urls
 
 
+# --------------------------------------------------------------------------- why it failed
+
+
+def _user_and_vhost(address: str) -> tuple[str, str]:
+    parts = urlsplit(address)
+    user = unquote(parts.username) if parts.username else "guest"
+    return user, unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The exception pika wrapped (it nests the socket's error in its own, twice)."""
+    seen = 0
+    while seen < 5:
+        seen += 1
+        inner = getattr(exc, "exception", None)
+        if not isinstance(inner, BaseException):
+            inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None
+        if inner is None:
+            return exc
+        exc = inner
+    return exc
+
+
+def _broker_reply(exc: BaseException) -> tuple[int | None, str]:
+    """The broker's reply code and text in a refusal, from either library."""
+    if isinstance(exc, aiormq.exceptions.ConnectionClosed) and len(exc.args) >= 2:
+        return int(exc.args[0]), str(exc.args[1])
+    if isinstance(exc, pika.exceptions.ConnectionClosed):
+        return exc.reply_code, exc.reply_text
+    text = " ".join(str(a) for a in exc.args)
+    match = _REPLY.search(text)
+    if match:
+        return int(match.group(1)), match.group(2)
+    return None, text
+
+
+def connection_failure(
+    exc: BaseException, address: str, settings: Settings
+) -> ConnectionFailedError:
+    """Say why connecting to ``address`` failed, for pika's and aiormq's errors alike.
+
+    The message names what to fix and never the password; ``transient`` tells a
+    caller whether trying again can help.
+    """
+    where = mask_url(address)
+    user, vhost = _user_and_vhost(address)
+    exc = _root(exc)
+    if isinstance(exc, ConnectionFailedError):
+        return exc
+    if isinstance(exc, ssl.SSLError):
+        reason = exc.reason or type(exc).__name__
+        return ConnectionFailedError(
+            f"cannot connect to {where}: TLS failed ({reason}); check tls_ca_file "
+            "(RMQDELAY_TLS_CA_FILE) and the host name in the URL",
+            transient=isinstance(exc, _TRANSIENT_TLS),
+        )
+    if isinstance(
+        exc,
+        (
+            aiormq.exceptions.ProbableAuthenticationError,
+            aiormq.exceptions.AuthenticationError,
+            pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.AuthenticationError,
+        ),
+    ):
+        guest = (
+            "; the user 'guest' may log in only from localhost"
+            if user == "guest"
+            and urlsplit(address).hostname not in ("localhost", "127.0.0.1", "::1")
+            else ""
+        )
+        return ConnectionFailedError(
+            f"the broker at {where} refused the login of user {user!r}: wrong user name or "
+            f"password{guest}; {_URL_HINT}",
+            transient=False,
+        )
+    code, text = _broker_reply(exc)
+    if code == 530 or isinstance(exc, pika.exceptions.ProbableAccessDeniedError):
+        if "not found" in text:
+            return ConnectionFailedError(
+                f"virtual host {vhost!r} does not exist on the broker at {where}: create it, "
+                f"or fix the vhost at the end of the URL ('/' is written %2F); {_URL_HINT}",
+                transient=False,
+            )
+        if "refused for user" in text and "limit" not in text:
+            return ConnectionFailedError(
+                f"user {user!r} has no access to virtual host {vhost!r} on the broker at "
+                f"{where}: grant it permissions there (rabbitmqctl set_permissions -p "
+                f"{vhost} {user} ...), or use another user or vhost; {_URL_HINT}",
+                transient=False,
+            )
+    if code is not None:  # closed by the broker for another reason: shutting down, a limit
+        return ConnectionFailedError(f"the broker at {where} closed the connection: {text}")
+    host = urlsplit(address).hostname
+    if isinstance(exc, socket.gaierror):
+        return ConnectionFailedError(f"cannot connect to {where}: unknown host {host!r}")
+    if isinstance(exc, aiormq.exceptions.AMQPConnectionError) and exc.args:
+        errno = exc.args[0]
+        if errno in (-2, -3, -5):  # EAI_NONAME, EAI_AGAIN, EAI_NODATA (aiormq's gaierror)
+            return ConnectionFailedError(f"cannot connect to {where}: unknown host {host!r}")
+        if errno == 111:
+            return ConnectionFailedError(f"cannot connect to {where}: connection refused")
+    if isinstance(exc, ConnectionRefusedError):
+        return ConnectionFailedError(f"cannot connect to {where}: connection refused")
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, socket.timeout)):
+        return ConnectionFailedError(
+            f"cannot connect to {where}: no answer within {CONNECT_TIMEOUT_S:g}s"
+        )
+    if isinstance(
+        exc,
+        (pika.exceptions.IncompatibleProtocolError, aiormq.exceptions.IncompatibleProtocolError),
+    ):
+        return ConnectionFailedError(
+            f"cannot connect to {where}: the server closed the connection during the AMQP "
+            "handshake (a broker starting or stopping, or not an AMQP port: 5672, 5671 for "
+            "amqps)"
+        )
+    if isinstance(exc, ValueError):  # the URL itself, as a client library reads it
+        return ConnectionFailedError(
+            f"cannot use the URL {where}: {_redact(str(exc), address)}; {_URL_HINT}",
+            transient=False,
+        )
+    return ConnectionFailedError(
+        f"cannot connect to {where}: {type(exc).__name__} {_redact(str(exc), address)}"
+    )
+
+
+def _redact(text: str, address: str) -> str:
+    """``text`` without the password of ``address``, should a library quote it."""
+    password = urlsplit(address).password
+    for secret in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(str(secret), "***")
+    return mask_url(text) if "://" in text else text
+
+
+def _all_failed(
+    failures: list[tuple[str, ConnectionFailedError]], settings: Settings
+) -> ConnectionFailedError:
+    """One error for several addresses: permanent as soon as one of them says so."""
+    for _address, failure in failures:
+        if not failure.transient:
+            return failure
+    if len(failures) == 1:
+        return failures[0][1]
+    listed = "; ".join(str(f).removeprefix("cannot connect to ") for _a, f in failures)
+    return ConnectionFailedError(f"cannot connect to any broker address: {listed}")
+
+
+# --------------------------------------------------------------------------- connecting
+
+
+def _pika_params(
+    settings: Settings, address: str, role: str, context: ssl.SSLContext | None
+) -> pika.URLParameters:
+    params = pika.URLParameters(address)
+    params.client_properties = {"connection_name": f"{settings.connection_name}.{role}"}
+    params.connection_attempts = 1
+    params.socket_timeout = CONNECT_TIMEOUT_S
+    if context is not None:
+        params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
+    return params
+
+
 def connect_blocking(settings: Settings, role: str) -> pika.BlockingConnection:
-    """Open a pika connection named after its role, so operators can tell it apart."""
+    """Open a pika connection named after its role, so operators can tell it apart.
+
+    Each address in turn; a refusal that another address cannot cure (credentials, an
+    unknown vhost) ends the attempt at once.
+    """
     context = ssl_context(settings)
-    candidates = []
-    for url in candidate_urls(settings):
-        params = pika.URLParameters(url)
-        params.client_properties = {"connection_name": f"{settings.connection_name}.{role}"}
-        if context is not None:
-            params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
-        candidates.append(params)
-    try:  # pika tries each address in turn
-        return pika.BlockingConnection(candidates)
-    except ssl.SSLError as exc:
-        raise ConnectionFailedError(
-            f"cannot connect to {settings.masked_url}: TLS failed ({exc.reason}); "
-            "check tls_ca_file (RMQDELAY_TLS_CA_FILE) and the host name in the URL"
-        ) from None
-    except (pika.exceptions.AMQPConnectionError, OSError) as exc:
-        raise ConnectionFailedError(
-            f"cannot connect to {settings.masked_url}: {exc!r}; check --url / RMQDELAY_URL"
-        ) from None
+    failures: list[tuple[str, ConnectionFailedError]] = []
+    for address in candidate_urls(settings):
+        try:
+            return pika.BlockingConnection(_pika_params(settings, address, role, context))
+        except (pika.exceptions.AMQPError, OSError, ValueError) as exc:
+            failure = connection_failure(exc, address, settings)
+        failures.append((address, failure))
+        if not failure.transient:
+            break
+    raise _all_failed(failures, settings) from None
+
+
+def _refusal_reason(settings: Settings, address: str) -> ConnectionFailedError | None:
+    """Ask again with pika why the broker closed the connection as it opened the vhost.
+
+    aiormq reports that close as an ``InvalidFrameError`` without the broker's reply;
+    pika keeps it ("vhost x not found", "access to vhost refused"), so both libraries
+    can report it in the same words.
+    """
+    quiet = logging.getLogger("pika")  # pika logs the refusal at ERROR, traceback and all
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL + 1)
+    try:
+        connection = pika.BlockingConnection(
+            _pika_params(settings, address, "probe", ssl_context(settings))
+        )
+    except (pika.exceptions.AMQPError, OSError, ValueError) as exc:
+        return connection_failure(exc, address, settings)
+    finally:
+        quiet.setLevel(level)
+    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+        connection.close()
+    return None
 
 
 async def connect_async(
@@ -64,26 +262,23 @@ async def connect_async(
     drops ``client_properties`` when it is given a URL.
     """
     connect = aio_pika.connect_robust if robust else aio_pika.connect
-    urls = candidate_urls(settings)
-    try:
-        for n, address in enumerate(urls, 1):
+    context = ssl_context(settings)
+    failures: list[tuple[str, ConnectionFailedError]] = []
+    for address in candidate_urls(settings):
+        try:
             url = str(URL(address).update_query(name=f"{settings.connection_name}.{role}"))
-            try:
-                connection: AbstractConnection | AbstractRobustConnection = await connect(
-                    url, ssl_context=ssl_context(settings), timeout=10
-                )
-                break
-            except (aiormq.exceptions.AMQPConnectionError, OSError, TimeoutError):
-                if n == len(urls):  # the last address: report the failure below
-                    raise
-    except ssl.SSLError as exc:
-        raise ConnectionFailedError(
-            f"cannot connect to {settings.masked_url}: TLS failed ({exc.reason}); "
-            "check tls_ca_file (RMQDELAY_TLS_CA_FILE) and the host name in the URL"
-        ) from None
-    except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as exc:
-        raise ConnectionFailedError(
-            f"cannot connect to {settings.masked_url}: {type(exc).__name__}; "
-            "check --url / RMQDELAY_URL"
-        ) from None
-    return connection
+            connection: AbstractConnection | AbstractRobustConnection = await connect(
+                url, ssl_context=context, timeout=CONNECT_TIMEOUT_S
+            )
+            return connection
+        except aiormq.exceptions.InvalidFrameError as exc:
+            failure = None
+            if "Connection.Close" in str(exc):  # refused as it opened the vhost: ask why
+                failure = await asyncio.to_thread(_refusal_reason, settings, address)
+            failure = failure or connection_failure(exc, address, settings)
+        except (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError, ValueError) as exc:
+            failure = connection_failure(exc, address, settings)
+        failures.append((address, failure))
+        if not failure.transient:
+            break
+    raise _all_failed(failures, settings) from None

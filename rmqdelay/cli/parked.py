@@ -16,7 +16,15 @@ from rich.table import Table
 from ..amqp.parked_queue import ParkedQueue, ReplayReport
 from ..core.durations import parse_duration_us
 from ..errors import DelayError
-from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
+from .options import (
+    ConfigOpt,
+    PrefixOpt,
+    UrlOpt,
+    err,
+    friendly_errors,
+    settings_from,
+    usage_error,
+)
 
 __all__ = ["app"]
 
@@ -160,8 +168,7 @@ def parked_purge(
 ) -> None:
     """Delete parked messages for good."""
     if not yes:
-        err.print("[bold red]error:[/] refusing to purge without --yes: purged messages are lost")
-        raise typer.Exit(1)
+        raise usage_error("refusing to purge without --yes: purged messages are lost")
     settings = settings_from(url, prefix, config)
 
     async def purge() -> int:

@@ -24,7 +24,15 @@ from ..core.outgoing import unknown_destination
 from ..core.routing import validate_destination
 from ..errors import DelayError
 from ..settings import Settings
-from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
+from .options import (
+    ConfigOpt,
+    PrefixOpt,
+    UrlOpt,
+    err,
+    friendly_errors,
+    settings_from,
+    usage_error,
+)
 
 __all__ = ["commands"]
 
@@ -72,7 +80,7 @@ def publish(
 ) -> None:
     """Publish one delayed message and print its id and due time."""
     if (delay is None) == (at is None):
-        raise DelayError("give exactly one of --delay or --at")
+        raise usage_error("give exactly one of --delay or --at")
     text = sys.stdin.read() if body == "-" else body
     payload: Any = text
     if as_json:
@@ -138,6 +146,7 @@ def consume(
         if not queue_exists(connection, queue, settings.confirm_timeout):
             raise unknown_destination(settings.layout, destination)
         cancels = _Cancels(connection, settings)
+        _say_waiting(queue, count, timeout)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=min(count or 100, 100))
         for method, props, body in channel.consume(queue, inactivity_timeout=0.1):
@@ -160,6 +169,13 @@ def consume(
     if count is not None and received < count:
         err.print(f"timeout: received {received} of {count} messages")
         raise typer.Exit(1)
+
+
+def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
+    """Say on stderr what the command waits for, so a silent terminal is not a hang."""
+    what = f"{count} message(s)" if count is not None else "messages"
+    until = "until Ctrl-C; --timeout S stops sooner" if timeout is None else f"up to {timeout:g}s"
+    err.print(f"waiting for {what} on queue {queue} ({until})", highlight=False)
 
 
 class _Cancels:

@@ -11,7 +11,15 @@ from rich.table import Table
 
 from ..amqp.topology_manager import PLACEMENT_NOTE, TopologyManager
 from ..settings import Settings
-from .options import ConfigOpt, PrefixOpt, UrlOpt, err, friendly_errors, settings_from
+from .options import (
+    ConfigOpt,
+    PrefixOpt,
+    UrlOpt,
+    err,
+    friendly_errors,
+    settings_from,
+    usage_error,
+)
 
 __all__ = ["app"]
 
@@ -143,8 +151,7 @@ def topology_destroy(
 ) -> None:
     """Remove the prefix's tiers, exchanges, parking and work queues."""
     if not yes:
-        err.print("[bold red]error:[/] destroy removes queues and their messages: pass --yes")
-        raise typer.Exit(2)
+        raise usage_error("destroy removes queues and their messages: pass --yes")
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         _management_note(

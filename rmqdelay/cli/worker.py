@@ -17,7 +17,7 @@ from ..errors import WorkerError
 from ..settings import Settings
 from ..worker.app import Worker
 from ..worker.logs import LEVELS, configure_logging
-from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
+from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from, usage_error
 
 __all__ = ["commands", "load_worker"]
 
@@ -140,12 +140,15 @@ def worker_command(
         typer.Argument(metavar="MODULE:ATTR", help="The rmqdelay.Worker to run, e.g. tasks:app."),
     ],
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", help="Handlers running at once.")
+        int,
+        typer.Option("--concurrency", "-c", min=1, max=10_000, help="Handlers running at once."),
     ] = 8,
     prefetch: Annotated[
         int | None,
         typer.Option(
             "--prefetch",
+            min=1,
+            max=65_535,
             help="Unacked messages per queue (default: --concurrency).",
             show_default=False,
         ),
@@ -167,7 +170,7 @@ def worker_command(
     ] = "text",
     shutdown_timeout: Annotated[
         float,
-        typer.Option("--shutdown-timeout", help="Seconds in-flight handlers get to finish."),
+        typer.Option("--shutdown-timeout", min=0, help="Seconds in-flight handlers get to finish."),
     ] = 30.0,
     metrics_port: Annotated[
         int | None,
@@ -219,9 +222,9 @@ def _run_worker(
 ) -> int | None:
     """Run the worker; return an exit code to leave with at once, or None for a clean 0."""
     if log_format not in ("text", "json"):
-        raise WorkerError(f"bad --log-format {log_format!r}: use text or json")
+        raise usage_error(f"bad --log-format {log_format!r}: use text or json")
     if log_level.upper() not in LEVELS:
-        raise WorkerError(f"bad --log-level {log_level!r}: use one of {', '.join(LEVELS)}")
+        raise usage_error(f"bad --log-level {log_level!r}: use one of {', '.join(LEVELS)}")
     worker = load_worker(app_path)
     settings = _worker_settings(worker, url, prefix, config)
     configure_logging(log_level, "json" if log_format == "json" else "text", settings.url)

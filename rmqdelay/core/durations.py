@@ -30,6 +30,9 @@ _UNIT_US = {
     "w": 604_800_000_000,
 }
 _PART = re.compile(r"(\d+(?:\.\d+)?|\.\d+)\s*(us|ms|s|m|h|d|w)")
+_EXPONENT = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)e([+-]?\d+)$")
+_MAX_EXPONENT = 64
+_HUGE_US = 10**70
 _FORMAT_UNITS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1))
 
 
@@ -68,6 +71,14 @@ def _parse_text(text: str, what: str) -> int:
         sign, raw = -1, raw[1:].strip()
     if raw in {"nan", "inf", "infinity"}:
         raise DelayError(f"{what} must be finite, got {text!r}")
+    exponent = _EXPONENT.match(raw)
+    if exponent and abs(int(exponent.group(2))) > _MAX_EXPONENT:
+        # Fraction would compute 10**exponent: minutes for "1e100000000". Past 1e64 s
+        # every maximum is exceeded; below 1e-64 s the delay rounds up to 1 us.
+        mantissa = Fraction(exponent.group(1))
+        if mantissa == 0:
+            return 0
+        return sign * (_HUGE_US if int(exponent.group(2)) > 0 else 1)
     try:  # a bare number means seconds, as for int and float
         return sign * _ceil_us(Fraction(raw) * 1_000_000)
     except (ValueError, ZeroDivisionError):

@@ -55,9 +55,9 @@ class StructuredFormatter(logging.Formatter):
         self._secrets: list[tuple[str, str]] = []
         if url:
             self._secrets.append((url, mask_url(url)))
-            password = urlsplit(url).password
-            if password:
-                for raw in {password, unquote(password)}:
+            for address in url.split(","):  # each node's password, should a library log it
+                password = urlsplit(address.strip()).password
+                for raw in {password, unquote(password or "")} - {None, ""}:
                     self._secrets.append((f":{raw}@", ":***@"))
 
     def _redact(self, text: str) -> str:
@@ -120,3 +120,8 @@ def configure_logging(
     # aiormq and aio-pika are chatty at INFO; keep them to warnings unless debugging.
     for name in ("aiormq", "aio_pika"):
         logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    # aiormq logs a failed connect at ERROR, and the worker says it again with the masked
+    # URL and its retry plan (a WARNING, as it retries): keep one line per attempt.
+    logging.getLogger("aiormq.connection").setLevel(
+        logging.DEBUG if level <= logging.DEBUG else logging.CRITICAL
+    )

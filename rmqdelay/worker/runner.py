@@ -30,7 +30,7 @@ from ..core.context import Context
 from ..core.handlers import HandlerSpec
 from ..core.journal import Tombstones
 from ..core.retry import decide
-from ..errors import AccessRefusedError, TopologyError, WorkerError
+from ..errors import AccessRefusedError, ConnectionFailedError, TopologyError, WorkerError
 from ..settings import Settings
 from .metrics import HANDLED, HANDLER_SECONDS, LATENESS
 from .settle import SETTLE_ERRORS, Failure, Received, Settler, read_delivery
@@ -159,19 +159,29 @@ class RunningWorker:
                     session = await self._open()
                 except WorkerError:
                     raise
-                except aiormq.exceptions.ProbableAuthenticationError as exc:
-                    raise WorkerError(
-                        f"the broker refused the login to {self.settings.masked_url}: check "
-                        f"the user and password ({type(exc).__name__})"
-                    ) from None
-                except (aiormq.exceptions.AMQPError, OSError, asyncio.TimeoutError) as exc:
+                except aiormq.exceptions.ChannelAccessRefused as exc:
+                    raise _refused(exc) from None  # a permission to grant: retrying won't help
+                except (
+                    ConnectionFailedError,
+                    aiormq.exceptions.AMQPError,
+                    OSError,
+                    asyncio.TimeoutError,
+                ) as exc:
+                    if isinstance(exc, ConnectionFailedError) and not exc.transient:
+                        raise WorkerError(str(exc)) from None
                     delay = min(_RECONNECT_MAX_S, 0.5 * 2**failures) * (0.5 + self._rng.random())
                     failures += 1
+                    why = (
+                        str(exc)
+                        if isinstance(exc, ConnectionFailedError)
+                        else f"starting on {self.settings.masked_url} failed "
+                        f"({type(exc).__name__} {exc})"
+                    )
                     log.warning(
-                        "cannot connect to %s (%s); retrying in %.1fs",
-                        self.settings.masked_url,
-                        type(exc).__name__,
+                        "%s; retrying in %.1fs (attempt %d)",
+                        why,
                         delay,
+                        failures,
                         extra={"url": self.settings.masked_url},
                     )
                     await self._sleep_unless_stopped(delay)
@@ -225,7 +235,10 @@ class RunningWorker:
             for destination, name in queues:
                 queue = await channel.get_queue(name, ensure=False)
                 spec = self.handlers[destination]
-                tag = await queue.consume(functools.partial(self._on_message, session, spec))
+                try:
+                    tag = await queue.consume(functools.partial(self._on_message, session, spec))
+                except aiormq.exceptions.ChannelAccessRefused as exc:
+                    raise _refused(exc, name, "read") from None
                 session.consumers.append((queue, tag))
             return session
         except BaseException:
@@ -450,6 +463,24 @@ class RunningWorker:
             failure = await self._loop.run_in_executor(self._executor, _call_sync, spec.func, args)
             if failure is not None:
                 raise failure
+
+
+def _refused(
+    exc: aiormq.exceptions.ChannelAccessRefused, queue: str | None = None, permission: str = ""
+) -> WorkerError:
+    """A refusal (403) as a permanent startup error naming the queue and the permission."""
+    detail = str(exc.args[-1] if exc.args else exc)
+    if queue is None:
+        return WorkerError(
+            f"the broker refused the worker's user: {detail}; grant it read permission on "
+            "the work queues and the schedule stream, and write permission on the prefix's "
+            "exchanges"
+        )
+    return WorkerError(
+        f"the worker's user has no {permission} permission on work queue {queue!r}: grant "
+        f"it (the {permission} pattern of `rabbitmqctl set_permissions` must match the "
+        f"queue's name) ({detail})"
+    )
 
 
 def _call_sync(func: Callable[..., Any], args: tuple[Any, ...]) -> Failure | None:

@@ -143,7 +143,7 @@ async def test_parked_replay_with_a_limit_and_purge(shared_topology: TestTopolog
         }
 
         code, output = await cli(settings, "parked", "purge", "-d", emails)
-        assert code == 1 and "--yes" in output
+        assert code == 2 and "--yes" in output  # a usage error, as for every command
         assert await queue_depth(settings, parking) == 6
         code, output = await cli(settings, "parked", "purge", "--yes", "-d", emails)
         assert code == 0 and f"purged 2 parked message(s) of '{emails}'" in output, output

@@ -1,0 +1,190 @@
+"""No password, anywhere: every failure is provoked with a URL whose password is unique,
+and every output is searched for it (exception text and repr, logs, stdout, stderr).
+
+Settings errors, ``mask_url`` and the log formatter: tests/unit/test_secret_masking.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from brokerctl import BrokerAdmin
+from pydantic import ValidationError
+
+from rmqdelay import Settings
+from rmqdelay.amqp.connections import connect_async, connect_blocking
+from rmqdelay.amqp.publisher import Publisher
+from rmqdelay.errors import RmqDelayError
+from rmqdelay.settings import mask_url
+
+WORKER_APP = """\
+from rmqdelay import Worker
+
+app = Worker()
+
+
+@app.handler("jobs")
+async def handle(body: bytes) -> None:
+    pass
+"""
+
+
+WORKER_CMD = (sys.executable, "-m", "rmqdelay.cli", "worker", "secret_app:app")
+
+
+@pytest.fixture
+def secret() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def user(admin: BrokerAdmin, prefix: str, secret: str) -> Iterator[str]:
+    """A real user whose password is the secret (the prefix fixture deletes it)."""
+    name = f"{prefix}-secret"
+    admin.add_user(name, secret, ".*", ".*", ".*")
+    yield name
+
+
+def url_of(amqp_url: str, user: str, password: str, vhost: str | None = None) -> str:
+    parts = urlsplit(str(amqp_url))
+    netloc = f"{user}:{password}@{parts.hostname}:{parts.port or 5672}"
+    return urlunsplit(parts._replace(netloc=netloc, path=parts.path if vhost is None else vhost))
+
+
+def assert_hidden(secret: str, *texts: object) -> None:
+    for text in texts:
+        assert secret not in str(text), str(text)
+
+
+def error_of(call: Callable[[], Any]) -> BaseException:
+    try:
+        call()
+    except (ValidationError, RmqDelayError, ValueError) as exc:
+        return exc
+    raise AssertionError("no error")
+
+
+# --------------------------------------------------------------------------- the library
+
+
+async def test_connection_errors_hide_the_password(
+    amqp_url: str, secret: str, user: str, prefix: str
+) -> None:
+    good_user = urlsplit(str(amqp_url)).username or "guest"
+    urls = [
+        url_of(amqp_url, good_user, secret),  # wrong password
+        url_of(amqp_url, user, secret, f"/{prefix}-nowhere"),  # unknown vhost
+        f"amqp://{user}:{secret}@127.0.0.1:1/%2F,amqp://{user}:{secret}@127.0.0.1:2/%2F",
+        f"amqp://{user}:{secret}@127.0.0.1:99999/%2F",  # a port pika refuses
+    ]
+    for url in urls:
+        settings = Settings(url=url, prefix=prefix)
+        sync = error_of(lambda s=settings: connect_blocking(s, "test"))  # type: ignore[misc]
+        try:
+            await connect_async(settings, "test")
+        except RmqDelayError as exc:
+            assert_hidden(secret, sync, repr(sync), exc, repr(exc))
+        else:
+            raise AssertionError(f"connected to {mask_url(url)}")
+
+
+def test_a_failed_publish_hides_the_password(secret: str, user: str, amqp_url: str) -> None:
+    settings = Settings(url=url_of(amqp_url, user, secret), max_delay="1h")
+    with Publisher(settings) as publisher:
+        exc = error_of(lambda: publisher.publish("jobs", b"x", delay="1e400"))
+    assert "over the maximum" in str(exc)
+    assert_hidden(secret, exc, repr(exc))
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def run(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:
+    """Run the CLI; everything it printed, stdout and stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rmqdelay.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode != 0, (args, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout + result.stderr
+
+
+def test_no_cli_error_prints_the_password(
+    amqp_url: str, admin: BrokerAdmin, prefix: str, secret: str, user: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "1h"}
+    env.pop("RMQDELAY_URL", None)
+    good = url_of(amqp_url, user, secret)
+    wrong = url_of(amqp_url, urlsplit(str(amqp_url)).username or "guest", secret)
+    config = tmp_path / "rmqdelay.toml"
+    config.write_text("radix = 17\n")
+    broken = tmp_path / "broken.toml"
+    broken.write_text(f'url = "{good}"\nradix = [\n')
+    cases: list[tuple[str, ...]] = [
+        ("topology", "plan", "--url", wrong),
+        ("topology", "plan", "--url", url_of(amqp_url, user, secret, f"/{prefix}-nowhere")),
+        ("topology", "plan", "--url", f"http://u:{secret}@foo"),
+        ("topology", "plan", "--url", f"amqp://g:{secret}@127.0.0.1:5999/,{wrong}"),
+        ("topology", "plan", "--url", f"amqp://u:{secret}@127.0.0.1:1/,u:{secret}@h"),
+        ("topology", "plan", "--url", f"amqp://u:{secret}@127.0.0.1:99999/%2F"),
+        ("topology", "plan", "--url", good, "--prefix", "a.b"),
+        ("topology", "plan", "--url", good, "--config", str(config)),
+        ("topology", "plan", "--config", str(broken)),
+        ("parked", "list", "--url", wrong),
+        ("parked", "list", "--url", url_of(amqp_url, user, secret, f"/{prefix}-nowhere")),
+        ("publish", "jobs", "x", "--delay", "1e400", "--url", good),
+        ("publish", "jobs", "x", "--delay", "1s", "--url", wrong),
+        ("consume", "jobs", "--timeout", "1", "--url", wrong),
+        ("status", "--url", wrong),
+        ("scheduled", "list", "--url", wrong),
+    ]
+    for args in cases:
+        assert_hidden(secret, run(env, *args))
+
+
+def test_the_worker_never_logs_the_password(
+    amqp_url: str, secret: str, user: str, prefix: str, tmp_path: Path
+) -> None:
+    (tmp_path / "secret_app.py").write_text(WORKER_APP)
+    env = {**os.environ, "RMQDELAY_PREFIX": prefix}
+    wrong = url_of(amqp_url, urlsplit(str(amqp_url)).username or "guest", secret)
+    for url in (wrong, url_of(amqp_url, user, secret)):  # wrong password; no work queue
+        said = run({**env, "RMQDELAY_URL": url}, "worker", "secret_app:app", cwd=tmp_path)
+        assert "error:" in said
+        assert_hidden(secret, said)
+    # a refused address: it retries, logging each attempt (DEBUG: every library's lines)
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [*WORKER_CMD, "--log-level", "DEBUG", "--log-format", "json"],
+            env={**env, "RMQDELAY_URL": f"amqp://u:{secret}@127.0.0.1:1/%2F"},
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while log.read_text().count("retrying in") < 2:
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 0, log.read_text()
+    assert "127.0.0.1:1" in log.read_text()
+    assert_hidden(secret, log.read_text())
