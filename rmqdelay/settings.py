@@ -88,12 +88,12 @@ def mask_url(url: str) -> str:
 
 def _mask_one(url: str) -> str:
     """``scheme://user:***@rest``: the password runs from the first ``:`` of the user
-    part to the last ``@`` (of the authority, else of the whole URL)."""
+    part to the last ``@`` of the URL, not of its authority: a raw ``/`` in a password
+    ends the authority early (``u:p@x/secret@h``). A vhost with an ``@`` is masked too."""
     scheme = _SCHEME.match(url)
     head = scheme.group(0) if scheme else ""
     rest = url[len(head) :]
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    at = authority.rfind("@") if "@" in authority else rest.rfind("@")
+    at = rest.rfind("@")
     user, colon, _password = rest[: max(at, 0)].partition(":")
     if at < 0 or not colon:
         return url

@@ -58,13 +58,16 @@ def _user_and_vhost(address: str) -> tuple[str, str]:
 
 
 def _root(exc: BaseException) -> BaseException:
-    """The exception pika wrapped (it nests the socket's error in its own, twice)."""
+    """The exception pika wrapped (it nests the socket's error in its own, twice), or
+    the TLS error aiormq raised its AMQPConnectionError from (``[Errno 1] [SSL: ...]``)."""
     seen = 0
     while seen < 5:
         seen += 1
         inner = getattr(exc, "exception", None)
         if not isinstance(inner, BaseException):
             inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None
+        if inner is None and isinstance(exc.__cause__, ssl.SSLError):
+            inner = exc.__cause__
         if inner is None:
             return exc
         exc = inner
@@ -99,9 +102,14 @@ def connection_failure(
         return exc
     if isinstance(exc, ssl.SSLError):
         reason = exc.reason or type(exc).__name__
+        hint = (
+            "the server does not speak TLS on that port: amqps:// needs the broker's TLS "
+            "port (5671 by default), or write amqp://"
+            if reason == "WRONG_VERSION_NUMBER"
+            else "check tls_ca_file (RMQDELAY_TLS_CA_FILE) and the host name in the URL"
+        )
         return ConnectionFailedError(
-            f"cannot connect to {where}: TLS failed ({reason}); check tls_ca_file "
-            "(RMQDELAY_TLS_CA_FILE) and the host name in the URL",
+            f"cannot connect to {where}: TLS failed ({reason}); {hint}",
             transient=isinstance(exc, _TRANSIENT_TLS),
         )
     if isinstance(

@@ -130,3 +130,20 @@ async def test_a_refused_address_is_retried_with_backoff_and_logged_masked(
     finally:
         runner.stop()
         assert await asyncio.wait_for(task, 5) == 0
+
+
+async def test_tls_to_a_plain_port_stops_the_worker_in_the_words_of_both_clients(
+    amqp_url: str, prefix: str
+) -> None:
+    # aiormq raises its own AMQPConnectionError from the SSLError: retried for ever before
+    parts = urlsplit(str(amqp_url))
+    settings = Settings(url=urlunsplit(parts._replace(scheme="amqps")), prefix=prefix)
+    with pytest.raises(ConnectionFailedError) as sync_error:
+        connect_blocking(settings, "test")
+    with pytest.raises(ConnectionFailedError) as async_error:
+        await connect_async(settings, "test")
+    assert str(sync_error.value) == str(async_error.value)
+    assert "does not speak TLS on that port" in str(async_error.value)
+    assert not sync_error.value.transient and not async_error.value.transient
+    message, took = await start_fails(settings)
+    assert "TLS failed (WRONG_VERSION_NUMBER)" in message and took < 10

@@ -69,6 +69,7 @@ def test_settings_errors_and_repr_hide_the_password(secret: str, tmp_path: Path)
         "amqp://u:x,{s}@h/,amqp://v:{s}@h2/",  # a raw ',' in a list
         "amqp://u:{s}@h:99999/",  # a port that does not parse
         "amqp://u:p@{s}@h/",  # a raw '@'
+        "amqp://u:p@x/{s}@h/",  # a raw '@', then a raw '/'
     ],
 )
 def test_mask_url_hides_passwords_that_do_not_parse(url: str, secret: str) -> None:
