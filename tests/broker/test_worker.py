@@ -171,41 +171,43 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
 ) -> None:
     """The dead-letter cycle trap. Before RabbitMQ 4.0.1, a message dead-lettered into a
     queue already in its ``x-death`` (with no rejection in between) is dropped silently.
-    A retry of 170 ms takes two hops, tier 160 ms then tier 10 ms: the second time round,
-    the 160 ms tier dead-letters into the 10 ms tier, which an unstripped ``x-death``
-    already names, so the retry would vanish.
+    A send of 2870 ms takes three hops, tiers 2560 ms, 160 ms and 150 ms: the second
+    time round, tier 2560 ms dead-letters into tier 160 ms, which an unstripped
+    ``x-death`` already names, so the retry would vanish.
 
     The due time is fixed when a send is prepared, and the tiers are planned for what is
-    left of the delay when it goes out. One that goes out 10 ms or more after it was
-    prepared (a loaded machine) has 160 ms or less left and rightly takes the 160 ms
-    tier alone. So each delivery is checked against the route its own routing key
-    names, and the two-tier route, the one the trap is on, must have been taken twice.
+    left of the delay when it goes out: a send that waited (a loaded machine, a passive
+    check on the way) rightly takes fewer units, losing them from its last tier first.
+    So each delivery is checked against the route its own routing key names. A send up
+    to 160 ms late still goes through tier 160 ms, into the trap; on any route, an
+    unstripped ``x-death`` also shows as tiers of an earlier round, or counts over one.
+    (A 170 ms delay, tiers 160 ms and 10 ms, once failed the test: a retry sent 10 ms
+    late took tier 160 ms alone.)
     """
     dest = shared_topology.dest(DEST)
     settings = shared_topology.settings([dest])
     layout = settings.layout
-    plan = plan_delay(layout, 170_000, dest)
-    assert len(plan.hops) == 2  # tier 160 ms, then tier 10 ms
-    tiers = {t.queue for t in plan.hops}
-    late = {t.queue for t in plan_delay(layout, 160_000, dest).hops}
-    assert len(late) == 1 and late < tiers  # sent 10 ms late: tier 160 ms alone
+    plan = plan_delay(layout, 2_870_000, dest)
+    assert [t.ttl_ms for t in plan.hops] == [2560, 160, 150]
+    trap = plan.hops[1].queue  # tier 160 ms
+    for late in range(16):  # units of 10 ms
+        hops = plan_delay(layout, (plan.units - late) * 10_000, dest).hops
+        assert hops[0] == plan.hops[0] and hops[1].queue == trap, late
     app = Worker(settings)
     calls = Calls()
-    failures = 6
+    failures = 2
 
-    @app.handler(dest, max_attempts=10, backoff=Backoff.constant("170ms"))
+    @app.handler(dest, max_attempts=10, backoff=Backoff.constant("2870ms"))
     async def handle(msg: str, ctx: Context) -> None:
         calls.record(msg, ctx)
         if ctx.attempt <= failures:
             raise Retry(reason="not yet")
 
     async with AsyncPublisher(settings) as publisher, app.running():
-        # known destination: no broker round trip between preparing the publish and sending it
-        await publisher.check_destination(dest)
-        sent = await publisher.publish(dest, "cycle", delay="170ms")
+        sent = await publisher.publish(dest, "cycle", delay="2870ms")
         await wait_until(
             lambda: len(calls) >= failures + 1,
-            15,
+            30,
             lambda: (
                 f"{failures + 1} deliveries; got attempts "
                 f"{[c.attempt for c in calls.items]} (a retry lost to the dead-letter cycle check?)"
@@ -213,22 +215,20 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
         )
     assert [c.attempt for c in calls.items] == list(range(1, failures + 2))
     assert {c.message_id for c in calls.items} == {sent.message_id}
-    routes = []
     for call in calls.items:
         # Since its last (re)publish, each delivery went through each tier of its route
         # exactly once: the route its routing key names, as planned when it was sent.
+        assert "x-death" in call.headers, f"attempt {call.attempt} went through no tier"
         deaths = {d["queue"]: d for d in call.headers["x-death"]}
-        [key] = {k for d in deaths.values() for k in d["routing-keys"]}
+        keys = {k for d in deaths.values() for k in d["routing-keys"]}
+        assert len(keys) == 1, f"attempt {call.attempt}: x-death of several sends {keys}"
+        [key] = keys
         digits = parse_key(layout, key).digits
+        units = sum(d * p.weight for p, d in zip(layout.positions, digits, strict=True))
+        assert units <= plan.units, (call.attempt, key)  # later, never earlier
         route = {p.tiers[d - 1].queue for p, d in zip(layout.positions, digits, strict=True) if d}
-        assert route in (tiers, late), (call.attempt, key)
-        assert set(deaths) == route
+        assert set(deaths) == route, (call.attempt, key)
         assert all(d["count"] == 1 and d["reason"] == "expired" for d in deaths.values())
-        routes.append(route)
-    assert routes.count(tiers) >= 2, (
-        f"only {routes.count(tiers)} of {len(routes)} sends went through both tiers: "
-        "the dead-letter cycle was not exercised"
-    )
 
 
 async def test_requeue_delivers_the_message_again(shared_topology: TestTopology) -> None:

@@ -336,9 +336,9 @@ def test_cleaned_headers_are_what_keeps_the_cycle_test_honest() -> None:
 
 
 def test_a_170ms_retry_sent_10ms_late_takes_the_160ms_tier_alone() -> None:
-    """Why the cycle test checks each delivery against its own routing key: the due time
-    is fixed when a send is prepared, and the tiers are planned for what is left of the
-    delay when it goes out. Same due time either way; never early."""
+    """Why the cycle test once failed under load: the due time is fixed when a send is
+    prepared, and the tiers are planned for what is left of the delay when it goes out.
+    Same due time either way; never early."""
     core = PublisherCore(Settings(max_delay="1h").layout)
     prepared = core.prepare("jobs", b"x", delay="170ms", now=1_000_000)
     on_time = core.finalize(prepared, now=1_000_000 + 9_999)
@@ -346,3 +346,21 @@ def test_a_170ms_retry_sent_10ms_late_takes_the_160ms_tier_alone() -> None:
     assert [t.ttl_ms for t in on_time.plan.hops] == [160, 10]
     assert [t.ttl_ms for t in late.plan.hops] == [160]
     assert on_time.headers[DUE_AT] == late.headers[DUE_AT] == 1_170
+
+
+def test_a_2870ms_retry_sent_up_to_160ms_late_still_dead_letters_into_the_160ms_tier() -> None:
+    """Why the cycle test's sends take 2870 ms: a late send loses units of its last tier
+    first, so tier 160 ms stays the one tier 2560 ms dead-letters into (the trap)."""
+    core = PublisherCore(Settings(max_delay="1h").layout)
+    prepared = core.prepare("jobs", b"x", delay="2870ms", now=1_000_000)
+    hops_when_late_by_us = {
+        0: [2560, 160, 150],
+        9_999: [2560, 160, 150],
+        10_000: [2560, 160, 140],
+        159_999: [2560, 160],
+        160_000: [2560, 150],  # past the test's room: tier 160 ms skipped
+    }
+    for lag_us, hops in hops_when_late_by_us.items():
+        out = core.finalize(prepared, now=1_000_000 + lag_us)
+        assert [t.ttl_ms for t in out.plan.hops] == hops, lag_us
+        assert out.headers[DUE_AT] == 3_870
