@@ -56,7 +56,8 @@ ConfigOpt = Annotated[
     typer.Option("--config", help="TOML file of settings (lowest priority).", show_default=False),
 ]
 
-err = Console(stderr=True, soft_wrap=True)
+# emoji off: ':b:' in a user's input (worker a:b:c) must not print as an emoji
+err = Console(stderr=True, soft_wrap=True, emoji=False)
 P = ParamSpec("P")
 R = TypeVar("R")
 

@@ -28,7 +28,7 @@ from .options import (
 
 __all__ = ["app"]
 
-out = Console()
+out = Console(emoji=False)  # ids are the user's: no ':smile:' emoji
 _PROGRESS_FROM = 20  # show a progress bar for batches at least this large
 PARKED_HELP = "Inspect, replay and purge parked messages."
 PARKED_EPILOG = """\

@@ -13,6 +13,7 @@ import pika
 import pika.exceptions
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..amqp.connections import connect_blocking
 from ..amqp.journal import read_journal
@@ -36,7 +37,7 @@ from .options import (
 
 __all__ = ["commands"]
 
-out = Console()
+out = Console(emoji=False)  # ids are the user's: no ':smile:' emoji, escaped markup
 commands = typer.Typer()
 
 
@@ -98,7 +99,8 @@ def publish(
             headers=_parse_headers(header or []),
             message_id=message_id,
         )
-    out.print(f"{result.message_id} due {result.due_at.isoformat(timespec='milliseconds')}")
+    due = result.due_at.isoformat(timespec="milliseconds")
+    out.print(f"{escape(result.message_id)} due {due}", highlight=False)
 
 
 def _plain(value: Any) -> Any:
@@ -153,7 +155,7 @@ def consume(
             if method is not None and props is not None and body is not None:
                 if cancels.has(props.message_id):  # cancelled: settle it, show nothing
                     channel.basic_ack(int(method.delivery_tag or 0))
-                    err.print(f"cancelled: {props.message_id} (acked, not shown)")
+                    err.print(f"cancelled: {escape(props.message_id or '-')} (acked, not shown)")
                     continue
                 _print_message(props, body, as_json)
                 channel.basic_ack(int(method.delivery_tag or 0))

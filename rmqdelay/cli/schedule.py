@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,7 +21,7 @@ from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_fro
 
 __all__ = ["commands", "scheduled_app"]
 
-out = Console()
+out = Console(emoji=False)  # ids are the user's: no ':smile:' emoji, escaped markup
 commands = typer.Typer()
 scheduled_app = typer.Typer(
     help="See what is scheduled (what was published while the schedule journal was on).",
@@ -125,7 +126,7 @@ def scheduled_list(
         table.add_row(
             _when(record.due_at_ms),
             record.destination,
-            record.message_id,
+            escape(record.message_id),
             str(record.attempt),
             str(record.body_size),
         )
@@ -156,16 +157,16 @@ def cancel_command(
     finally:
         connection.close()
     for result in results:
+        shown = escape(result.message_id)
         if as_json:
             print(json.dumps(result.to_json(), separators=(",", ":")))
         elif result.outcome == "cancelled" and result.due_at_ms is not None:
-            out.print(f"{result.message_id}: cancelled (was due {_when(result.due_at_ms)})")
+            out.print(f"{shown}: cancelled (was due {_when(result.due_at_ms)})")
         elif result.outcome == "too late" and result.due_at_ms is not None:
             out.print(
-                f"{result.message_id}: too late (due {_when(result.due_at_ms)}; "
-                "it may have been delivered)"
+                f"{shown}: too late (due {_when(result.due_at_ms)}; it may have been delivered)"
             )
         else:
-            out.print(f"{result.message_id}: unknown (no record in the schedule journal)")
+            out.print(f"{shown}: unknown (no record in the schedule journal)")
     if any(r.outcome != "cancelled" for r in results):
         raise typer.Exit(1)

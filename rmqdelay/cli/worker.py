@@ -175,7 +175,11 @@ def worker_command(
     metrics_port: Annotated[
         int | None,
         typer.Option(
-            "--metrics-port", help="Serve Prometheus metrics on this port.", show_default=False
+            "--metrics-port",
+            min=1,
+            max=65_535,
+            help="Serve Prometheus metrics on this port.",
+            show_default=False,
         ),
     ] = None,
     url: UrlOpt = None,

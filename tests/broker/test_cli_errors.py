@@ -121,6 +121,7 @@ def test_our_errors_are_one_line_with_the_right_exit_code(
         ("no-such-command",),
         ("worker", "cli_errors_app:app", "--concurrency", "0"),
         ("worker", "cli_errors_app:app", "--prefetch", "70000"),
+        ("worker", "cli_errors_app:app", "--metrics-port", "99999"),  # was an OverflowError
     ],
     ids=" ".join,
 )
@@ -192,3 +193,20 @@ def test_consume_says_what_it_waits_for(env: dict[str, str], prefix: str) -> Non
     counted = run(env, "consume", "jobs", "--count", "2", "--timeout", "0.3")
     check(counted, 1, "waiting for 2 message(s)", "received 0 of 2")
     assert "waiting" not in counted.stdout  # stdout keeps only messages
+
+
+def test_the_users_text_is_printed_as_typed_not_as_markup_or_emoji(env: dict[str, str]) -> None:
+    """rich would read '[/]' as markup (a MarkupError traceback after the publish) and
+    ':b:' as an emoji."""
+    assert run(env, "topology", "apply", "-d", "jobs").returncode == 0
+    odd = "[/]x:b:[bold]"
+    published = run(env, "publish", "jobs", "x", "--delay", "10m", "--message-id", odd)
+    check(published, 0)
+    assert published.stdout.startswith(f"{odd} due "), published.stdout
+    listed = run(env, "scheduled", "list")
+    check(listed, 0, odd)
+    cancelled = run(env, "cancel", odd, "[/]unknown")
+    check(cancelled, 1, f"{odd}: cancelled", "[/]unknown: unknown")
+    bad_app = run(env, "worker", "a:b:c")
+    check(bad_app, 1, "(from 'a:b:c')")
+    one_line(bad_app)
