@@ -1,4 +1,8 @@
-"""Cancelling scheduled messages: the worker honours tombstones from the journal."""
+"""Cancelling scheduled messages: the worker honours tombstones from the journal.
+
+Most tests share the module's topology, and so its journal: their message ids are their
+own. Those that count the journal's tombstones, list it whole, or turn it off keep a
+prefix of their own."""
 
 from __future__ import annotations
 
@@ -8,7 +12,15 @@ import time
 import aio_pika
 import pytest
 from prometheus_client import REGISTRY
-from worker_helpers import Calls, make_settings, parking_queue, queue_depth, wait_until, work_queue
+from worker_helpers import (
+    Calls,
+    TestTopology,
+    make_settings,
+    parking_queue,
+    queue_depth,
+    wait_until,
+    work_queue,
+)
 
 from rmqdelay import (
     AsyncPublisher,
@@ -25,8 +37,8 @@ from rmqdelay.core.journal import JournalRecord
 DEST = "cancellable"
 
 
-def _tombstone(message_id: str, due_at_ms: int) -> JournalRecord:
-    return JournalRecord("cancelled", message_id, DEST, due_at_ms, recorded_at_ms=due_at_ms)
+def _tombstone(message_id: str, due_at_ms: int, destination: str = DEST) -> JournalRecord:
+    return JournalRecord("cancelled", message_id, destination, due_at_ms, recorded_at_ms=due_at_ms)
 
 
 async def _append(settings: Settings, records: list[JournalRecord]) -> None:
@@ -38,22 +50,23 @@ async def _append(settings: Settings, records: list[JournalRecord]) -> None:
 
 
 async def test_a_cancelled_message_is_acked_without_calling_its_handler(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: dict[str, int], ctx: Context) -> None:
         calls.record(msg, ctx)
 
-    cancelled = {"destination": DEST, "outcome": "cancelled"}
+    cancelled = {"destination": dest, "outcome": "cancelled"}
     before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        gone = await publisher.publish(DEST, {"n": 1}, delay="1s")
-        kept = await publisher.publish(DEST, {"n": 2}, delay="1s")
-        await _append(settings, [_tombstone(gone.message_id, gone.due_at_ms)])
+        gone = await publisher.publish(dest, {"n": 1}, delay="1s")
+        kept = await publisher.publish(dest, {"n": 2}, delay="1s")
+        await _append(settings, [_tombstone(gone.message_id, gone.due_at_ms, dest)])
         await wait_until(lambda: len(calls) >= 1, 10, "the uncancelled message's call")
         await wait_until(
             lambda: REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) == before + 1,
@@ -61,14 +74,14 @@ async def test_a_cancelled_message_is_acked_without_calling_its_handler(
             "the cancelled outcome",
         )
     assert [c.message_id for c in calls.items] == [kept.message_id]
-    assert await queue_depth(settings, work_queue(settings, DEST)) == 0
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
 
 
 async def test_a_worker_started_after_the_cancel_still_honours_it(
     amqp_url: str, prefix: str
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+    settings = make_settings(amqp_url, prefix, [DEST])  # a journal of its own: one tombstone
     app = Worker(settings)
     calls = Calls()
 
@@ -95,8 +108,8 @@ async def test_a_worker_started_after_the_cancel_still_honours_it(
     assert await queue_depth(settings, work_queue(settings, DEST)) == 0
 
 
-async def test_cancel_answers_what_it_found(amqp_url: str, prefix: str) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+async def test_cancel_answers_what_it_found(shared_topology: TestTopology) -> None:
+    settings = shared_topology.settings([])
     now = time.time_ns() // 10**6
     await _append(settings, [JournalRecord("scheduled", "later", DEST, now + 60_000)])
     connection = await aio_pika.connect(settings.url)
@@ -111,21 +124,22 @@ async def test_cancel_answers_what_it_found(amqp_url: str, prefix: str) -> None:
 
 
 async def test_publisher_cancel_before_due_means_the_handler_is_never_called(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST)
+    @app.handler(dest)
     async def handle(msg: dict[str, int], ctx: Context) -> None:
         calls.record(msg, ctx)
 
-    cancelled = {"destination": DEST, "outcome": "cancelled"}
+    cancelled = {"destination": dest, "outcome": "cancelled"}
     before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        gone = await publisher.publish(DEST, {"n": 1}, delay="1500ms")
-        kept = await publisher.publish(DEST, {"n": 2}, delay="1500ms")
+        gone = await publisher.publish(dest, {"n": 1}, delay="1500ms")
+        kept = await publisher.publish(dest, {"n": 2}, delay="1500ms")
         [result] = await publisher.cancel(gone.message_id)
         assert (result.outcome, result.due_at_ms) == ("cancelled", gone.due_at_ms)
         await wait_until(lambda: len(calls) >= 1, 10, "the uncancelled message's call")
@@ -138,22 +152,23 @@ async def test_publisher_cancel_before_due_means_the_handler_is_never_called(
 
 
 async def test_a_cancel_during_the_third_retry_wait_stops_the_retries(
-    amqp_url: str, prefix: str
+    shared_topology: TestTopology,
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST])
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     app = Worker(settings)
     calls = Calls()
 
-    @app.handler(DEST, max_attempts=6, backoff=Backoff.schedule(["200ms", "200ms", "2s"]))
+    @app.handler(dest, max_attempts=6, backoff=Backoff.schedule(["200ms", "200ms", "2s"]))
     async def handle(msg: dict[str, int], ctx: Context) -> None:
         calls.record(msg, ctx)
         raise ConnectionError("downstream unavailable")
 
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        sent = await publisher.publish(DEST, {"n": 1}, delay=0)
+        sent = await publisher.publish(dest, {"n": 1}, delay=0)
         await wait_until(lambda: len(calls) >= 3, 10, "three calls")
         deadline = time.monotonic() + 5
-        while not await publisher.list_scheduled(destination=DEST):  # attempt 4's record
+        while not await publisher.list_scheduled(destination=dest):  # attempt 4's record
             assert time.monotonic() < deadline, "the fourth attempt was never scheduled"
             await asyncio.sleep(0.05)
         [result] = await publisher.cancel(sent.message_id)  # attempt 4 waits 2 s
@@ -165,7 +180,7 @@ async def test_a_cancel_during_the_third_retry_wait_stops_the_retries(
 def test_scheduled_list_shows_exactly_the_uncancelled_future_messages(
     amqp_url: str, prefix: str
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST, "other"])
+    settings = make_settings(amqp_url, prefix, [DEST, "other"])  # lists its journal whole
     with Publisher(settings) as publisher:
         future = publisher.publish_many(
             {"destination": DEST if i % 2 else "other", "body": b"x", "delay": f"{60 + i}s"}
@@ -197,24 +212,29 @@ def test_with_the_journal_off_cancel_and_list_name_the_setting(amqp_url: str, pr
             publisher.list_scheduled()
 
 
-def test_rmqdelay_consume_honours_cancels(amqp_url: str, prefix: str) -> None:
+def test_rmqdelay_consume_honours_cancels(shared_topology: TestTopology) -> None:
     from typer.testing import CliRunner
 
     from rmqdelay.cli import app
 
-    settings = make_settings(amqp_url, prefix, [DEST])
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
     with Publisher(settings) as publisher:
-        gone = publisher.publish(DEST, b"gone", delay="1s")
-        kept = publisher.publish(DEST, b"kept", delay="1200ms")
+        gone = publisher.publish(dest, b"gone", delay="1s")
+        kept = publisher.publish(dest, b"kept", delay="1200ms")
         assert publisher.cancel(gone.message_id)[0].outcome == "cancelled"
-    env = {"RMQDELAY_URL": settings.url, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "1h"}
+    env = {
+        "RMQDELAY_URL": settings.url,
+        "RMQDELAY_PREFIX": settings.prefix,
+        "RMQDELAY_MAX_DELAY": "1h",
+    }
     result = CliRunner().invoke(
-        app, ["consume", DEST, "--count", "1", "--timeout", "15", "--json"], env=env
+        app, ["consume", dest, "--count", "1", "--timeout", "15", "--json"], env=env
     )
     assert result.exit_code == 0, result.output
     assert kept.message_id in result.stdout and gone.message_id not in result.stdout
-    assert queue_depth_sync(settings) == 0  # the cancelled one was acked, not left behind
+    assert queue_depth_sync(settings, dest) == 0  # the cancelled one was acked, not left behind
 
 
-def queue_depth_sync(settings: Settings) -> int:
-    return asyncio.run(queue_depth(settings, work_queue(settings, DEST)))
+def queue_depth_sync(settings: Settings, destination: str) -> int:
+    return asyncio.run(queue_depth(settings, work_queue(settings, destination)))
