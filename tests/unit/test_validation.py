@@ -7,6 +7,7 @@ and pamqp's own decoders, and against pika's encoder where pika can encode at al
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -173,6 +174,9 @@ VALUES: dict[str, Any] = {
 }
 
 
+_PAMQP_MAJOR = int(importlib.metadata.version("pamqp").split(".")[0])
+
+
 def test_every_type_comes_back_from_both_decoders_as_sent() -> None:
     prepared = prepare(
         headers=VALUES,
@@ -194,6 +198,12 @@ def test_every_type_comes_back_from_both_decoders_as_sent() -> None:
         if properties is pika_props:  # pika reads a double as an int: its bug, not the wire's
             assert (headers.pop("d"), headers.pop("list")[2]) == (0, [3])
             del expected["d"], expected["list"]
+        elif _PAMQP_MAJOR < 4:  # pamqp 3 (aio-pika 9, Python 3.10) misreads a negative
+            # Decimal and gives bytes back as a bytearray: its decoder's bugs, not the wire's
+            # (pika, above, reads the same bytes right)
+            assert headers.pop("dec") != expected.pop("dec")
+            assert headers["list"][3]["four"] == bytearray(b"4")
+            headers["list"][3]["four"] = bytes(headers["list"][3]["four"])
         assert headers == expected
         assert properties.delivery_mode == 2 and properties.priority == 9
         assert properties.message_id == prepared.message_id
