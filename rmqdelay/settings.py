@@ -11,13 +11,14 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
     TomlConfigSettingsSource,
 )
 
@@ -28,7 +29,7 @@ else:  # pragma: no cover
 
 from .core.durations import format_ms, parse_duration_us
 from .core.layout import Layout
-from .errors import DelayError
+from .errors import ConfigurationError, DelayError
 
 __all__ = ["Milliseconds", "Settings", "load_settings", "mask_url"]
 
@@ -68,6 +69,18 @@ Urls = Annotated[str, BeforeValidator(_join_urls)]
 Milliseconds = Annotated[int, BeforeValidator(_to_ms)]
 """Whole milliseconds, given as ``"10ms"``, seconds, or a timedelta."""
 _TEN_MS: Any = "10ms"
+
+
+def _check_port(setting: str, url: str, parts: SplitResult) -> None:
+    """A port that does not parse fails at connect with words of the client library."""
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or over 65535
+        port = 0
+    if port == 0:
+        raise ValueError(
+            f"{setting} {mask_url(url)!r} has a bad port: give a number from 1 to 65535"
+        )
 
 
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -158,6 +171,7 @@ class Settings(BaseSettings):
                     f"url {mask_url(part.strip())!r} is not an AMQP URL: give "
                     "amqp://user:password@host:port/vhost (amqps:// for TLS)"
                 )
+            _check_port("url", part.strip(), parts)
             schemes.add(parts.scheme)
         if len(schemes) > 1:  # TLS is set for all of them, from the first
             raise ValueError("url mixes amqp:// and amqps:// addresses: use one scheme for all")
@@ -171,7 +185,16 @@ class Settings(BaseSettings):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"management_url must be http(s)://host:port, got {mask_url(url)!r}")
+        _check_port("management_url", url, parts)
         return url
+
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
+    @classmethod
+    def _tls_file_exists(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        # checked here, or ssl says only "[Errno 2] No such file or directory", no name
+        if path is not None and not path.is_file():
+            raise ValueError(f"{info.field_name} {str(path)!r} is not a file")
+        return path
 
     @field_validator("radix")
     @classmethod
@@ -299,5 +322,12 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
     _CONFIG_FILE.path = path
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsError as exc:  # a list or a table in the environment that is not JSON
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = f"RMQDELAY_{field.group(1).upper()}" if field else "an RMQDELAY_* variable"
+        raise ConfigurationError(
+            f"cannot read {name}: a list in the environment is written as JSON, e.g. "
+            f'{name}=\'["first", "second"]\''
+        ) from None
     finally:
         _CONFIG_FILE.path = None

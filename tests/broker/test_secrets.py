@@ -84,8 +84,10 @@ async def test_connection_errors_hide_the_password(
         url_of(amqp_url, good_user, secret),  # wrong password
         url_of(amqp_url, user, secret, f"/{prefix}-nowhere"),  # unknown vhost
         f"amqp://{user}:{secret}@127.0.0.1:1/%2F,amqp://{user}:{secret}@127.0.0.1:2/%2F",
-        f"amqp://{user}:{secret}@127.0.0.1:99999/%2F",  # a port pika refuses
     ]
+    bad_port = error_of(lambda: Settings(url=f"amqp://{user}:{secret}@127.0.0.1:99999/%2F"))
+    assert "has a bad port" in str(bad_port)  # refused when read, before pika sees it
+    assert_hidden(secret, bad_port, repr(bad_port))
     for url in urls:
         settings = Settings(url=url, prefix=prefix)
         sync = error_of(lambda s=settings: connect_blocking(s, "test"))  # type: ignore[misc]
