@@ -9,6 +9,7 @@ a second start needs no joining. For the cluster tests: ``make cluster-test``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -43,13 +44,15 @@ FIRST_PORT = 5701
 MANAGEMENT_OFFSET = 10000  # 5701 -> 15701, as for every broker of this machine
 
 
-def nodes() -> list[DebianNode]:
-    return [
+@functools.cache
+def nodes() -> tuple[DebianNode, ...]:
+    """The three nodes, their files written under :data:`BASE` on first use."""
+    return tuple(
         DebianNode.scratch(
             BASE, name, FIRST_PORT + i, management_port=FIRST_PORT + i + MANAGEMENT_OFFSET
         )
         for i, name in enumerate(NAMES)
-    ]
+    )
 
 
 def urls() -> list[str]:

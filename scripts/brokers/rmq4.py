@@ -76,6 +76,10 @@ def ensure_chroot() -> float:
     building.parent.mkdir(parents=True, exist_ok=True)
     log(f"building a Debian trixie chroot for RabbitMQ 4 in {ROOT} (once; about a minute)")
     _run(["debootstrap", "--variant=minbase", "trixie", str(building)], 900)
+    # no service may start inside the chroot while it is built (Debian's convention)
+    policy = building / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
     _run(["chroot", str(building), "apt-get", "update", "-qq"], 600)
     _run(
         [
@@ -90,6 +94,8 @@ def ensure_chroot() -> float:
         ],
         900,
     )
+    for vm in _chroot_pids(building):  # in case a package's script started one anyway
+        os.kill(vm, signal.SIGKILL)
     building.rename(ROOT)
     log(f"chroot ready in {time.monotonic() - started:.0f}s")
     return time.monotonic() - started
@@ -107,13 +113,13 @@ def _mount() -> None:
             _run([*cmd, str(target)], 30)
 
 
-def _chroot_pids() -> list[int]:
+def _chroot_pids(root: Path = ROOT) -> list[int]:
     """Processes whose root is the chroot: the node, and anything it left running."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if Path(os.readlink(entry / "root")) == ROOT:
+                if Path(os.readlink(entry / "root")) == root:
                     pids.append(int(entry.name))
             except OSError:
                 continue

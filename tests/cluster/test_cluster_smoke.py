@@ -3,6 +3,7 @@ confirmed message survives a kill -9 of its queue's leader."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,21 +31,18 @@ def queues(cluster: Cluster) -> Iterator[list[str]]:
             channel.queue_delete(name)
 
 
-class _channel:
-    """A channel on its own connection to *url*, closed on exit."""
-
-    def __init__(self, url: str) -> None:
-        params = pika.URLParameters(url)
-        params.connection_attempts = 1
-        params.socket_timeout = 5
-        self.connection = pika.BlockingConnection(params)
-
-    def __enter__(self) -> BlockingChannel:
-        return self.connection.channel()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.connection.is_open:
-            self.connection.close()
+@contextlib.contextmanager
+def _channel(url: str) -> Iterator[BlockingChannel]:
+    """A channel on a connection of its own to *url*, closed on exit."""
+    params = pika.URLParameters(url)
+    params.connection_attempts = 1
+    params.socket_timeout = 5
+    connection = pika.BlockingConnection(params)
+    try:
+        yield connection.channel()
+    finally:
+        if connection.is_open:
+            connection.close()
 
 
 def _get_within(url: str, queue: str, seconds: float) -> bytes | None:
