@@ -1,37 +1,48 @@
-"""rmqdelay: exact, plugin-free delayed delivery on RabbitMQ, at least once."""
+"""rmqdelay: exact, plugin-free delayed delivery on RabbitMQ, at least once.
 
-from .amqp.aio_publisher import AsyncPublisher
-from .amqp.parked_queue import ParkedQueue
-from .amqp.publisher import Publisher
-from .amqp.topology_manager import TopologyManager
-from .core.context import Context
-from .core.durations import DurationLike, format_ms, parse_duration_us
-from .core.layout import Layout
-from .core.outgoing import PublishResult
-from .core.parking import ParkedMessage
-from .core.plan import DelayPlan, plan_delay
-from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
-from .core.topology import Topology, build_topology
-from .errors import (
-    BatchPublishError,
-    ConfigurationError,
-    ConnectionFailedError,
-    DelayError,
-    InvalidBodyError,
-    InvalidDestinationError,
-    InvalidMessageError,
-    PublisherClosedError,
-    PublishError,
-    PublishNackedError,
-    RmqDelayError,
-    TopologyConflictError,
-    TopologyError,
-    UnknownDestinationError,
-    UnroutableError,
-    WorkerError,
-)
-from .settings import Settings, load_settings, mask_url
-from .worker import RunningWorker, Worker
+The public names are imported lazily, on first use: ``import rmqdelay`` stays cheap (no
+aio-pika, no worker, no pydantic-settings) so that the ``rmqdelay`` command starts fast.
+``from rmqdelay import Publisher`` imports what ``Publisher`` needs and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports these
+    from .amqp.aio_publisher import AsyncPublisher
+    from .amqp.parked_queue import ParkedQueue
+    from .amqp.publisher import Publisher
+    from .amqp.topology_manager import TopologyManager
+    from .core.context import Context
+    from .core.durations import DurationLike, format_ms, parse_duration_us
+    from .core.layout import Layout
+    from .core.outgoing import PublishResult
+    from .core.parking import ParkedMessage
+    from .core.plan import DelayPlan, plan_delay
+    from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
+    from .core.topology import Topology, build_topology
+    from .errors import (
+        BatchPublishError,
+        ConfigurationError,
+        ConnectionFailedError,
+        DelayError,
+        InvalidBodyError,
+        InvalidDestinationError,
+        InvalidMessageError,
+        PublisherClosedError,
+        PublishError,
+        PublishNackedError,
+        RmqDelayError,
+        TopologyConflictError,
+        TopologyError,
+        UnknownDestinationError,
+        UnroutableError,
+        WorkerError,
+    )
+    from .settings import Settings, load_settings, mask_url
+    from .worker import RunningWorker, Worker
 
 __all__ = [
     "AsyncPublisher",
@@ -77,3 +88,65 @@ __all__ = [
     "parse_duration_us",
     "plan_delay",
 ]
+
+# public name -> the module (relative to this package) that defines it
+_WHERE: dict[str, str] = {
+    "AsyncPublisher": ".amqp.aio_publisher",
+    "ParkedQueue": ".amqp.parked_queue",
+    "Publisher": ".amqp.publisher",
+    "TopologyManager": ".amqp.topology_manager",
+    "Context": ".core.context",
+    "DurationLike": ".core.durations",
+    "format_ms": ".core.durations",
+    "parse_duration_us": ".core.durations",
+    "Layout": ".core.layout",
+    "PublishResult": ".core.outgoing",
+    "ParkedMessage": ".core.parking",
+    "DelayPlan": ".core.plan",
+    "plan_delay": ".core.plan",
+    **dict.fromkeys(
+        ("Backoff", "DecodeError", "Park", "Requeue", "Retry", "RetryPolicy"), ".core.retry"
+    ),
+    "Topology": ".core.topology",
+    "build_topology": ".core.topology",
+    **dict.fromkeys(
+        (
+            "BatchPublishError",
+            "ConfigurationError",
+            "ConnectionFailedError",
+            "DelayError",
+            "InvalidBodyError",
+            "InvalidDestinationError",
+            "InvalidMessageError",
+            "PublisherClosedError",
+            "PublishError",
+            "PublishNackedError",
+            "RmqDelayError",
+            "TopologyConflictError",
+            "TopologyError",
+            "UnknownDestinationError",
+            "UnroutableError",
+            "WorkerError",
+        ),
+        ".errors",
+    ),
+    "Settings": ".settings",
+    "load_settings": ".settings",
+    "mask_url": ".settings",
+    "RunningWorker": ".worker",
+    "Worker": ".worker",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use, then keep it in the module's namespace."""
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value  # the next lookup does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
