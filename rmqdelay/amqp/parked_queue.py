@@ -3,6 +3,8 @@
 Reading uses ``basic.get`` without ack and lets the channel's close give every
 message back, so ``list`` changes nothing but the messages' redelivered flag.
 ``replay`` removes a message from parking only after the broker confirmed its copy.
+Each read counts toward the quorum parking queue's delivery limit, which is why it
+declares the largest (``core.topology.PARKING_DELIVERY_LIMIT``).
 """
 
 from __future__ import annotations

@@ -102,10 +102,11 @@ def peek_parked(
 
     A consumer without acks, its prefetch the limit, so the broker sends them all at
     once; closing the channel puts every one back. It reads the messages, so it costs
-    O(parked): only on request. Each read counts as a return: on RabbitMQ 4.0, whose
-    quorum queues default to a delivery limit of 20, the parking queue (declared without
-    a limit of its own) drops a message at its 21st, as ``parked list`` does (see the
-    README's RabbitMQ versions). None when there is no parking queue.
+    O(parked): only on request. Each read counts as a return toward a quorum queue's
+    delivery limit: the parking queue declares the largest (``PARKING_DELIVERY_LIMIT``),
+    as RabbitMQ 4.0 would otherwise drop a message at its 21st read; one declared before
+    that needs a policy (see the README's RabbitMQ versions). None when there is no
+    parking queue.
     """
     limit = max(1, min(limit, MAX_PARKED_PEEK))
     channel = connection.channel()

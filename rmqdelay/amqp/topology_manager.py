@@ -17,19 +17,19 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from ..core.topology import (
-    PLACEMENT_ARGUMENTS,
     Binding,
     Exchange,
     Queue,
     Topology,
     build_topology,
+    kept_difference,
 )
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
 from .connections import connect_blocking
 from .management import MANAGEMENT_URL_HINT, ManagementApi
 
-__all__ = ["ObjectState", "TopologyManager"]
+__all__ = ["DELIVERY_LIMIT_NOTE", "PLACEMENT_NOTE", "ObjectState", "TopologyManager"]
 
 Status = Literal["ok", "missing", "differs", "unchecked"]
 _INEQUIVALENT = re.compile(
@@ -49,6 +49,11 @@ class ObjectState:
 PLACEMENT_NOTE = (
     "declared before leader placement was set: kept where it is "
     "(`rabbitmq-queues rebalance quorum` spreads existing leaders)"
+)
+DELIVERY_LIMIT_NOTE = (
+    "declared without a delivery limit: kept, but on RabbitMQ 4.0 reading a parked "
+    "message (parked list, replay, status --parked-by-destination) more than 20 times "
+    "drops it; give it a policy `delivery-limit: -1` (4.x) or re-create it when empty"
 )
 
 
@@ -72,6 +77,8 @@ class TopologyManager:
         self._management_problem: str | None = None
         self.placement_kept: list[str] = []
         """Existing queues whose leader placement arguments differ (see ``_declare``)."""
+        self.delivery_limit_kept: list[str] = []
+        """An existing parking queue declared without ``x-delivery-limit`` (see ``_declare``)."""
 
     def __enter__(self) -> TopologyManager:
         return self
@@ -123,10 +130,12 @@ class TopologyManager:
     def _declare(self, obj: Exchange | Queue, arguments: dict[str, Any] | None = None) -> None:
         """Declare with the wanted arguments; raise TopologyConflictError if they differ.
 
-        A queue declared before leader placement was set differs only in where its
-        replicas went, which RabbitMQ cannot change in place and which does not matter to
-        routing: it is kept as it is (and named in :attr:`placement_kept`), checked again
-        without that argument, so any other difference still stops ``apply``.
+        Two differences are kept, as RabbitMQ cannot change a queue's arguments in place
+        (``core.topology.kept_difference``): a queue declared before leader placement was
+        set, whose replicas are where they are (named in :attr:`placement_kept`); and a
+        parking queue declared before it had a delivery limit (named in
+        :attr:`delivery_limit_kept`: a policy can give it one). The queue is checked
+        again without that argument, so any other difference still stops ``apply``.
         """
         args = dict(obj.arguments) if arguments is None else arguments
         try:
@@ -139,17 +148,16 @@ class TopologyManager:
         except pika.exceptions.ChannelClosedByBroker as exc:
             self._channel = None
             match = _INEQUIVALENT.search(exc.reply_text)
-            if (
-                exc.reply_code == 406
-                and match
-                and isinstance(obj, Queue)
-                and match["arg"] in PLACEMENT_ARGUMENTS
-                and match["arg"] in args
-            ):
-                if obj.name not in self.placement_kept:
-                    self.placement_kept.append(obj.name)
-                del args[match["arg"]]
-                return self._declare(obj, args)
+            if exc.reply_code == 406 and match and isinstance(obj, Queue) and match["arg"] in args:
+                reason = kept_difference(obj, match["arg"], missing=match["found"] == "none")
+                if reason is not None:
+                    kept = (
+                        self.placement_kept if reason == "placement" else self.delivery_limit_kept
+                    )
+                    if obj.name not in kept:
+                        kept.append(obj.name)
+                    del args[match["arg"]]
+                    return self._declare(obj, args)
             if exc.reply_code == 406 and match:
                 raise TopologyConflictError(
                     match["kind"], match["name"], match["arg"], match["found"], match["wanted"]
@@ -227,6 +235,8 @@ class TopologyManager:
                 notes = [f"leader {leaders[obj.name]}"] if obj.name in leaders else []
                 if obj.name in self.placement_kept:
                     notes.append(PLACEMENT_NOTE)
+                if obj.name in self.delivery_limit_kept:
+                    notes.append(DELIVERY_LIMIT_NOTE)
                 states.append(ObjectState(kind, obj.name, "ok", "; ".join(notes)))
             except TopologyConflictError as exc:
                 detail = f"{exc.argument}: found {exc.found}, wanted {exc.wanted}"

@@ -17,7 +17,17 @@ from .journal import journal_name, max_age
 from .layout import DIGITS, Layout
 from .routing import validate_destination
 
-__all__ = ["Binding", "Exchange", "Queue", "Topology", "build_topology"]
+__all__ = [
+    "PARKING_DELIVERY_LIMIT",
+    "PLACEMENT_ARGUMENTS",
+    "Binding",
+    "Exchange",
+    "KeptReason",
+    "Queue",
+    "Topology",
+    "build_topology",
+    "kept_difference",
+]
 
 QueueRole = Literal["tier", "work", "parking", "journal"]
 
@@ -62,6 +72,35 @@ class Topology:
 PLACEMENT_ARGUMENTS = ("x-queue-leader-locator", "x-quorum-initial-group-size")
 """Arguments that only say where a new queue's replicas go; see ``TopologyManager.apply``."""
 
+PARKING_DELIVERY_LIMIT = 2_147_483_647
+"""The parking queue's ``x-delivery-limit``: in effect none.
+
+``parked list``, ``parked replay`` and ``status --parked-by-destination`` read parked
+messages without acking them, and a quorum queue counts each return; RabbitMQ 4.0 gives
+a queue without a limit of its own 20, then drops the message (parking has no
+dead-letter exchange). ``-1`` would mean unlimited on 4.0 but "drop at the first return"
+on 3.10; the largest signed 32-bit value means the same on both.
+"""
+
+
+KeptReason = Literal["placement", "delivery-limit"]
+
+
+def kept_difference(queue: Queue, argument: str, *, missing: bool) -> KeptReason | None:
+    """Why an existing ``queue`` whose ``argument`` differs is kept rather than refused.
+
+    RabbitMQ cannot change a queue's arguments. The leader placement ones only say where
+    the replicas went. The parking queue's delivery limit came later (rmqdelay 0.1
+    declared none): a parking queue that has none (``missing``) is kept, and a policy
+    gives it one (see the README's RabbitMQ versions); any other value still conflicts.
+    None: a real conflict.
+    """
+    if argument in PLACEMENT_ARGUMENTS:
+        return "placement"
+    if queue.role == "parking" and argument == "x-delivery-limit" and missing:
+        return "delivery-limit"
+    return None
+
 
 def _queue_arguments(
     layout: Layout, queue_type: str, dead_letter_exchange: str | None
@@ -94,7 +133,10 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
         Exchange(layout.delivery_exchange, "topic", {"alternate-exchange": layout.parking}),
         *(Exchange(p.exchange, "topic") for p in layout.positions),
     ]
-    queues = [Queue(layout.parking, "parking", _queue_arguments(layout, queue_type, None))]
+    parking_args = _queue_arguments(layout, queue_type, None)
+    if queue_type == "quorum":  # read and returned by `parked list`: see the constant
+        parking_args["x-delivery-limit"] = PARKING_DELIVERY_LIMIT
+    queues = [Queue(layout.parking, "parking", parking_args)]
     bindings = [Binding(layout.parking, layout.parking, "queue", "")]
     for position in layout.positions:
         for tier in position.tiers:

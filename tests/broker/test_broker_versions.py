@@ -11,7 +11,6 @@ import time
 from typing import Any
 
 import pika
-import pytest
 from worker_helpers import make_settings, work_queue
 
 from rmqdelay import Publisher, Settings
@@ -128,20 +127,13 @@ def test_the_delivery_limit_rmqdelay_declares_is_the_one_in_force(
 
 
 async def test_a_parked_message_survives_every_parked_list(
-    amqp_url: str, prefix: str, broker_version: tuple[int, ...], request: pytest.FixtureRequest
+    amqp_url: str, prefix: str, broker_version: tuple[int, ...]
 ) -> None:
     """``parked list`` reads without acking and gives every message back: each read is a
     return, and since 4.0 a quorum queue declared without ``x-delivery-limit`` drops a
-    message after 20 (the parking queue has no dead-letter exchange). 3.10 has no limit.
+    message after 20 (the parking queue has no dead-letter exchange). 3.10 has no limit;
+    rmqdelay declares the parking queue with the largest one, so both keep it.
     """
-    if broker_version >= (4, 0):
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="known bug: the parking queue gets 4.0's default delivery limit of "
-                "20, so its 21st return drops the message; see README 'RabbitMQ versions'",
-            )
-        )
     settings = make_settings(amqp_url, prefix, [DEST], max_delay="10s")
     connection = pika.BlockingConnection(pika.URLParameters(settings.url))
     try:
