@@ -1,4 +1,12 @@
-"""The ``rmqdelay`` command: one typer app, one module per command group."""
+"""The ``rmqdelay`` command: one typer app, one module per command group.
+
+Start-up time matters here (``rmqdelay --help``, one ``rmqdelay publish`` in a script):
+the command modules import only typer when loaded, and each command imports the broker
+clients, the settings and rich when it runs. The help is click's plain text
+(``rich_markup_mode=None``): typer's rich help imports rich's markdown, tables and
+tracebacks, about as long as the rest of ``rmqdelay --help`` together. Epilogs are made
+by :func:`~rmqdelay.cli.options.epilog`, so that examples stay one per line.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +20,9 @@ app = typer.Typer(
     name="rmqdelay",
     help="Exact delayed delivery on RabbitMQ with no plugin: declare, publish, consume.",
     no_args_is_help=True,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,
+    # as wide as the terminal up to 100 columns (click's default stops at 80)
+    context_settings={"max_content_width": 100},
 )
 app.add_typer(topology.app, name="topology")
 app.add_typer(publish.commands)

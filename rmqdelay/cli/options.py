@@ -6,32 +6,39 @@ Exit codes are the same for every command: 2 when the command line is incomplete
 contradictory (click's own checks, a missing ``--yes``, flags that exclude each other:
 see :func:`usage_error`), 1 when something was refused or failed after that (settings,
 values, the broker, a timeout), 130 on Ctrl-C. Never a traceback for a user's input.
+
+Start-up time: this module and every command module import only typer at import time
+(``rmqdelay --help`` builds every command). The settings, the broker clients, pydantic
+and rich are imported inside the commands that use them.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
-import aiormq
-import pika.exceptions
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 
 from ..errors import RmqDelayError
-from ..settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from ..settings import Settings
 
 __all__ = [
     "ConfigOpt",
     "PrefixOpt",
     "UrlOpt",
     "UsageError",
+    "epilog",
     "err",
     "friendly_errors",
+    "out",
     "settings_from",
     "usage_error",
 ]
@@ -56,16 +63,44 @@ ConfigOpt = Annotated[
     typer.Option("--config", help="TOML file of settings (lowest priority).", show_default=False),
 ]
 
-# emoji off: ':b:' in a user's input (worker a:b:c) must not print as an emoji
-err = Console(stderr=True, soft_wrap=True, emoji=False)
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def epilog(note: str, *examples: str) -> str:
+    """A command's epilog for click's plain help: *note*, wrapped to the terminal, then
+    the *examples* one per line as typed (the ``\b`` line keeps click from rewrapping)."""
+    parts = [note] if note else []
+    if examples:
+        parts.append("Examples:" if len(examples) > 1 else "Example:")
+        parts.append("\b\n" + "\n".join(f"  {example}" for example in examples))
+    return "\n\n".join(parts)
+
+
+@functools.cache
+def err() -> Console:
+    """The console for errors and notes, on stderr (made on first use: rich is not cheap)."""
+    from rich.console import Console
+
+    # emoji off: ':b:' in a user's input (worker a:b:c) must not print as an emoji
+    return Console(stderr=True, soft_wrap=True, emoji=False)
+
+
+@functools.cache
+def out(*, emoji: bool = True) -> Console:
+    """The console for a command's output on stdout; ``emoji=False`` where ids are the
+    user's (no ':smile:' emoji)."""
+    from rich.console import Console
+
+    return Console(emoji=emoji)
 
 
 def settings_from(
     url: list[str] | None, prefix: str | None, config: Path | None, **extra: Any
 ) -> Settings:
     """Settings from the shared flags; ``--url`` given more than once lists the nodes."""
+    from ..settings import load_settings
+
     return load_settings(config, url=",".join(url) if url else None, prefix=prefix, **extra)
 
 
@@ -75,6 +110,35 @@ def _validation_text(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in error["loc"]) or "settings"
         lines.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
     return "invalid settings: " + "; ".join(lines)
+
+
+def _broker_errors() -> tuple[type[BaseException], ...]:
+    """The broker clients' errors, of those clients already imported (an exception of a
+    client that was never imported cannot have been raised)."""
+    found: list[type[BaseException]] = []
+    if "pika" in sys.modules:
+        import pika.exceptions
+
+        found.append(pika.exceptions.AMQPError)
+    if "aiormq" in sys.modules:
+        import aiormq.exceptions
+
+        found.append(aiormq.exceptions.AMQPError)
+    return tuple(found)
+
+
+def _error_text(exc: Exception) -> str | None:
+    """The one line to print for an error a user or the broker caused; None for a bug."""
+    if "pydantic_core" in sys.modules:
+        from pydantic_core import ValidationError
+
+        if isinstance(exc, ValidationError):
+            return _validation_text(exc)
+    if isinstance(exc, (RmqDelayError, OSError, ValueError)):
+        return str(exc) or type(exc).__name__
+    if isinstance(exc, _broker_errors()):
+        return f"broker error: {exc!r}"
+    return None
 
 
 class UsageError(Exception):
@@ -100,16 +164,17 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except UsageError as exc:
             message, code = str(exc), 2
-        except ValidationError as exc:
-            message = _validation_text(exc)
-        except (RmqDelayError, OSError, ValueError) as exc:
-            message = str(exc) or type(exc).__name__
-        except (pika.exceptions.AMQPError, aiormq.exceptions.AMQPError) as exc:
-            message = f"broker error: {exc!r}"
         except KeyboardInterrupt:
-            err.print("interrupted", highlight=False)
+            err().print("interrupted", highlight=False)
             raise typer.Exit(130) from None
-        err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        except Exception as exc:
+            text = _error_text(exc)
+            if text is None:
+                raise
+            message = text
+        from rich.markup import escape
+
+        err().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
         raise typer.Exit(code)
 
     return wrapper

@@ -2,42 +2,41 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from ..amqp.parked_queue import ParkedQueue, ReplayReport
-from ..core.durations import parse_duration_us
 from ..errors import DelayError
 from .options import (
     ConfigOpt,
     PrefixOpt,
     UrlOpt,
+    epilog,
     err,
     friendly_errors,
+    out,
     settings_from,
     usage_error,
 )
 
+if TYPE_CHECKING:
+    from ..amqp.parked_queue import ReplayReport
+
 __all__ = ["app"]
 
-out = Console(emoji=False)  # ids are the user's: no ':smile:' emoji
+# aio-pika (ParkedQueue), the settings and rich are imported when a command runs: see
+# options. Output is printed with emoji off: ids are the user's (no ':smile:' emoji).
 _PROGRESS_FROM = 20  # show a progress bar for batches at least this large
 PARKED_HELP = "Inspect, replay and purge parked messages."
-PARKED_EPILOG = """\
-Parked messages are those a handler gave up on or parked, whose body did not decode, or
-that the broker parked (a quorum work queue's delivery limit; no work queue bound).
-
-Examples: `rmqdelay parked list -d orders-timeout`; `rmqdelay parked replay --limit 100`;
-`rmqdelay parked purge --yes -d orders-timeout`
-"""
+PARKED_EPILOG = epilog(
+    "Parked messages are those a handler gave up on or parked, whose body did not decode, "
+    "or that the broker parked (a quorum work queue's delivery limit; no work queue bound).",
+    "rmqdelay parked list -d orders-timeout",
+    "rmqdelay parked replay --limit 100",
+    "rmqdelay parked purge --yes -d orders-timeout",
+)
 
 
 app = typer.Typer(help=PARKED_HELP, epilog=PARKED_EPILOG, no_args_is_help=True)
@@ -61,11 +60,18 @@ def parked_list(
     config: ConfigOpt = None,
 ) -> None:
     """List parked messages without removing them."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..amqp.parked_queue import ParkedQueue
+
     settings = settings_from(url, prefix, config)
 
     async def read() -> tuple[int, list[Any]]:
         async with ParkedQueue(settings) as parked:
             return await parked.list(destination, limit)
+
+    import asyncio
 
     total, items = asyncio.run(read())
     if as_json:
@@ -87,7 +93,7 @@ def parked_list(
         )
     shown = f"{len(items)} shown" + (f" for {destination!r}" if destination else "")
     table.caption = f"{shown}; {total} parked in all"
-    out.print(table)
+    out(emoji=False).print(table)
 
 
 @app.command("replay")
@@ -112,6 +118,19 @@ def parked_replay(
     config: ConfigOpt = None,
 ) -> None:
     """Send parked messages back to their destinations, attempt count reset to 1."""
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+    from rich.table import Table
+
+    from ..amqp.parked_queue import ParkedQueue
+    from ..core.durations import parse_duration_us
+
     settings = settings_from(url, prefix, config)
     wait = timedelta(0)
     if delay is not None:
@@ -131,7 +150,7 @@ def parked_replay(
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
             )
-            with Progress(*columns, console=err, transient=True) as bar:
+            with Progress(*columns, console=err(), transient=True) as bar:
                 task = bar.add_task("replay", total=total)
                 return await parked.replay(
                     destination,
@@ -140,15 +159,17 @@ def parked_replay(
                     progress=lambda seen: bar.update(task, completed=seen),
                 )
 
+    import asyncio
+
     report = asyncio.run(replay())
-    out.print(f"replayed {report.replayed} message(s)")
+    out(emoji=False).print(f"replayed {report.replayed} message(s)")
     if report.skipped:
         table = Table(title=f"{len(report.skipped)} message(s) stayed parked")
         table.add_column("message id", overflow="fold")
         table.add_column("why", overflow="fold")
         for message_id, why in report.skipped:
             table.add_row(escape(message_id or "-"), escape(why))
-        err.print(table)
+        err().print(table)
         raise typer.Exit(1)
 
 
@@ -169,12 +190,16 @@ def parked_purge(
     """Delete parked messages for good."""
     if not yes:
         raise usage_error("refusing to purge without --yes: purged messages are lost")
+    from ..amqp.parked_queue import ParkedQueue
+
     settings = settings_from(url, prefix, config)
 
     async def purge() -> int:
         async with ParkedQueue(settings) as parked:
             return await parked.purge(destination)
 
+    import asyncio
+
     count = asyncio.run(purge())
     which = f" of {destination!r}" if destination else ""
-    out.print(f"purged {count} parked message(s){which}")
+    out(emoji=False).print(f"purged {count} parked message(s){which}")

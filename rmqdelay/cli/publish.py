@@ -7,37 +7,31 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pika
-import pika.exceptions
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from ..amqp.connections import connect_blocking
-from ..amqp.journal import read_journal
-from ..amqp.passive import queue_exists
-from ..amqp.publisher import Publisher
-from ..core.journal import Tombstones
-from ..core.messages import DUE_AT
-from ..core.outgoing import unknown_destination
-from ..core.routing import validate_destination
 from ..errors import DelayError
-from ..settings import Settings
 from .options import (
     ConfigOpt,
     PrefixOpt,
     UrlOpt,
+    epilog,
     err,
     friendly_errors,
     settings_from,
     usage_error,
 )
 
+if TYPE_CHECKING:
+    import pika
+
+    from ..core.journal import Tombstones
+    from ..core.layout import Layout
+
 __all__ = ["commands"]
 
-out = Console(emoji=False)  # ids are the user's: no ':smile:' emoji, escaped markup
+# The broker client, the settings and rich are imported inside the commands: see options.
 commands = typer.Typer()
 
 
@@ -63,8 +57,11 @@ def _parse_at(text: str) -> datetime:
 
 @commands.command(
     "publish",
-    epilog="Examples: `rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m`;"
-    " `echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z`",
+    epilog=epilog(
+        "",
+        "rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m",
+        "echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z",
+    ),
 )
 @friendly_errors
 def publish(
@@ -90,6 +87,8 @@ def publish(
         except json.JSONDecodeError as exc:
             raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
     settings = settings_from(url, prefix, config)
+    from ..amqp.publisher import Publisher
+
     with Publisher(settings) as publisher:
         result = publisher.publish(
             destination,
@@ -100,7 +99,8 @@ def publish(
             message_id=message_id,
         )
     due = result.due_at.isoformat(timespec="milliseconds")
-    out.print(f"{escape(result.message_id)} due {due}", highlight=False)
+    # plain print, not rich: one line as is, never wrapped, and no rich import (start-up)
+    print(f"{result.message_id} due {due}", flush=True)
 
 
 def _plain(value: Any) -> Any:
@@ -125,8 +125,10 @@ def _body_fields(body: bytes) -> dict[str, Any]:
 
 @commands.command(
     "consume",
-    epilog="Example: `rmqdelay consume orders-timeout --count 5 --timeout 30 --json`."
-    " Exits 1 when --timeout passes before --count messages.",
+    epilog=epilog(
+        "Exits 1 when --timeout passes before --count messages.",
+        "rmqdelay consume orders-timeout --count 5 --timeout 30 --json",
+    ),
 )
 @friendly_errors
 def consume(
@@ -139,6 +141,13 @@ def consume(
     config: ConfigOpt = None,
 ) -> None:
     """Receive, print and ack messages of a destination."""
+    from rich.markup import escape
+
+    from ..amqp.connections import connect_blocking
+    from ..amqp.passive import queue_exists
+    from ..core.outgoing import unknown_destination
+    from ..core.routing import validate_destination
+
     settings = settings_from(url, prefix, config)
     queue = settings.layout.work_queue(validate_destination(settings.layout, destination))
     connection = connect_blocking(settings, "consume")
@@ -147,7 +156,7 @@ def consume(
     try:
         if not queue_exists(connection, queue, settings.confirm_timeout):
             raise unknown_destination(settings.layout, destination)
-        cancels = _Cancels(connection, settings)
+        cancels = _Cancels(connection, settings.layout)
         _say_waiting(queue, count, timeout)
         channel = connection.channel()
         channel.basic_qos(prefetch_count=min(count or 100, 100))
@@ -155,7 +164,7 @@ def consume(
             if method is not None and props is not None and body is not None:
                 if cancels.has(props.message_id):  # cancelled: settle it, show nothing
                     channel.basic_ack(int(method.delivery_tag or 0))
-                    err.print(f"cancelled: {escape(props.message_id or '-')} (acked, not shown)")
+                    err().print(f"cancelled: {escape(props.message_id or '-')} (acked, not shown)")
                     continue
                 _print_message(props, body, as_json)
                 channel.basic_ack(int(method.delivery_tag or 0))
@@ -169,7 +178,7 @@ def consume(
         if connection.is_open:
             connection.close()
     if count is not None and received < count:
-        err.print(f"timeout: received {received} of {count} messages")
+        err().print(f"timeout: received {received} of {count} messages")
         raise typer.Exit(1)
 
 
@@ -177,21 +186,25 @@ def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
     """Say on stderr what the command waits for, so a silent terminal is not a hang."""
     what = f"{count} message(s)" if count is not None else "messages"
     until = "until Ctrl-C; --timeout S stops sooner" if timeout is None else f"up to {timeout:g}s"
-    err.print(f"waiting for {what} on queue {queue} ({until})", highlight=False)
+    err().print(f"waiting for {what} on queue {queue} ({until})", highlight=False)
 
 
 class _Cancels:
     """The journal's tombstones, read again when a message comes more than 2 s later."""
 
-    def __init__(self, connection: pika.BlockingConnection, settings: Settings) -> None:
-        self.connection, self.layout = connection, settings.layout
-        self.tombstones = Tombstones()
+    def __init__(self, connection: pika.BlockingConnection, layout: Layout) -> None:
+        from ..core.journal import Tombstones
+
+        self.connection, self.layout = connection, layout
+        self.tombstones: Tombstones = Tombstones()
         self.read_at = 0.0
 
     def has(self, message_id: str | None) -> bool:
         if not self.layout.journal or message_id is None:
             return False
         if time.monotonic() - self.read_at > 2.0:
+            from ..amqp.journal import read_journal
+
             for record in read_journal(self.connection, self.layout):
                 self.tombstones.add(record)
             self.read_at = time.monotonic()
@@ -199,6 +212,8 @@ class _Cancels:
 
 
 def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:
+    from ..core.messages import DUE_AT
+
     now_ms = time.time_ns() // 1_000_000
     headers: dict[str, Any] = dict(props.headers or {})
     due = headers.get(DUE_AT)

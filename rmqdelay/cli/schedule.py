@@ -8,20 +8,14 @@ from datetime import datetime, timezone
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from ..amqp import journal
-from ..amqp.connections import connect_blocking
-from ..core.durations import parse_duration_us
 from ..errors import DelayError
-from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
+from .options import ConfigOpt, PrefixOpt, UrlOpt, epilog, friendly_errors, out, settings_from
 
 __all__ = ["commands", "scheduled_app"]
 
-out = Console(emoji=False)  # ids are the user's: no ':smile:' emoji, escaped markup
+# The broker clients, the settings and rich are imported when a command runs: see options.
+# Output is printed with emoji off: ids are the user's (no ':smile:' emoji), markup escaped.
 commands = typer.Typer()
 scheduled_app = typer.Typer(
     help="See what is scheduled (what was published while the schedule journal was on).",
@@ -38,6 +32,8 @@ def _due_before(text: str | None) -> int | None:
     """``--due-before``: an ISO 8601 time, or a duration from now such as ``10m``."""
     if text is None:
         return None
+    from ..core.durations import parse_duration_us
+
     try:
         return time.time_ns() // 10**6 + parse_duration_us(text) // 1000
     except DelayError:
@@ -56,10 +52,13 @@ def _due_before(text: str | None) -> int | None:
 
 @scheduled_app.command(
     "list",
-    epilog="Shows what was published while the schedule journal was on "
-    "(schedule_journal = true), read from the `{prefix}.schedule` stream, minus what was "
-    "cancelled or is already due. Examples: `rmqdelay scheduled list --destination "
-    "orders-timeout --limit 20`; `rmqdelay scheduled list --due-before 10m --json`",
+    epilog=epilog(
+        "Shows what was published while the schedule journal was on "
+        "(schedule_journal = true), read from the `{prefix}.schedule` stream, minus what "
+        "was cancelled or is already due.",
+        "rmqdelay scheduled list --destination orders-timeout --limit 20",
+        "rmqdelay scheduled list --due-before 10m --json",
+    ),
 )
 @friendly_errors
 def scheduled_list(
@@ -79,6 +78,14 @@ def scheduled_list(
     config: ConfigOpt = None,
 ) -> None:
     """List the messages still ahead and not cancelled, soonest first."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from ..amqp import journal
+    from ..amqp.connections import connect_blocking
+
     settings = settings_from(url, prefix, config)
     before = _due_before(due_before)
     journal.require_journal(settings.layout, "`scheduled list`")
@@ -130,15 +137,18 @@ def scheduled_list(
             str(record.attempt),
             str(record.body_size),
         )
-    out.print(table)
-    out.print(f"{len(found)} scheduled")
+    out(emoji=False).print(table)
+    out(emoji=False).print(f"{len(found)} scheduled")
 
 
 @commands.command(
     "cancel",
-    epilog="A worker acks a cancelled message without calling its handler when it falls "
-    "due; a plain AMQP consumer does not know about cancels. Exits 0 only when every id "
-    "was cancelled. Example: `rmqdelay cancel 3f2b... 9c1d... --json`",
+    epilog=epilog(
+        "A worker acks a cancelled message without calling its handler when it falls "
+        "due; a plain AMQP consumer does not know about cancels. Exits 0 only when every "
+        "id was cancelled.",
+        "rmqdelay cancel 3f2b... 9c1d... --json",
+    ),
 )
 @friendly_errors
 def cancel_command(
@@ -149,6 +159,11 @@ def cancel_command(
     config: ConfigOpt = None,
 ) -> None:
     """Cancel scheduled messages: say for each id cancelled, unknown, or too late."""
+    from rich.markup import escape
+
+    from ..amqp import journal
+    from ..amqp.connections import connect_blocking
+
     settings = settings_from(url, prefix, config)
     journal.require_journal(settings.layout, "`cancel`")
     connection = connect_blocking(settings, "cli")
@@ -161,12 +176,12 @@ def cancel_command(
         if as_json:
             print(json.dumps(result.to_json(), separators=(",", ":")))
         elif result.outcome == "cancelled" and result.due_at_ms is not None:
-            out.print(f"{shown}: cancelled (was due {_when(result.due_at_ms)})")
+            out(emoji=False).print(f"{shown}: cancelled (was due {_when(result.due_at_ms)})")
         elif result.outcome == "too late" and result.due_at_ms is not None:
-            out.print(
+            out(emoji=False).print(
                 f"{shown}: too late (due {_when(result.due_at_ms)}; it may have been delivered)"
             )
         else:
-            out.print(f"{shown}: unknown (no record in the schedule journal)")
+            out(emoji=False).print(f"{shown}: unknown (no record in the schedule journal)")
     if any(r.outcome != "cancelled" for r in results):
         raise typer.Exit(1)

@@ -5,21 +5,22 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
 
-from ..amqp.status import MAX_PARKED_PEEK, gather_status
-from ..core.durations import format_ms
-from ..core.status import Status, prometheus_text
-from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from
+from .options import ConfigOpt, PrefixOpt, UrlOpt, epilog, friendly_errors, out, settings_from
+
+if TYPE_CHECKING:
+    from rich.console import Group
+
+    from ..core.status import Status
 
 __all__ = ["commands"]
 
-out = Console()
+# rmqdelay.amqp.status.MAX_PARKED_PEEK, for the option's range (a unit test keeps them
+# equal): the broker client and rich are imported when the command runs, see options.
+MAX_PARKED_PEEK = 65_535
 commands = typer.Typer()
 
 
@@ -28,6 +29,11 @@ def _n(value: int | None) -> str:
 
 
 def _render(status: Status) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+
+    from ..core.durations import format_ms
+
     tiers = Table("tier", "TTL", "messages", title=f"scheduled: {status.scheduled:,}")
     for tier in status.tiers:
         if tier.messages:
@@ -64,11 +70,16 @@ def _render(status: Status) -> Group:
 
 @commands.command(
     "status",
-    epilog="Counts come from one management API call (or, without it, one passive "
-    "declare a queue): the time does not grow with what is waiting, and no configure "
-    "permission is needed (--parked-by-destination alone reads messages). Examples: "
-    "`rmqdelay status`; `rmqdelay status --json`; `rmqdelay status --watch`; "
-    "`rmqdelay status --prometheus`; `rmqdelay status --parked-by-destination`",
+    epilog=epilog(
+        "Counts come from one management API call (or, without it, one passive "
+        "declare a queue): the time does not grow with what is waiting, and no configure "
+        "permission is needed (--parked-by-destination alone reads messages).",
+        "rmqdelay status",
+        "rmqdelay status --json",
+        "rmqdelay status --watch",
+        "rmqdelay status --prometheus",
+        "rmqdelay status --parked-by-destination",
+    ),
 )
 @friendly_errors
 def status(
@@ -109,6 +120,8 @@ def status(
 ) -> None:
     """Show scheduled messages per tier, work queues, parking and the schedule journal."""
     settings = settings_from(url, prefix, config)
+    from ..amqp.status import gather_status
+    from ..core.status import prometheus_text
 
     def snapshot() -> Status:
         return gather_status(
@@ -123,7 +136,9 @@ def status(
     elif prometheus:
         print(prometheus_text(snapshot()), end="")
     elif watch:
-        with Live(_render(snapshot()), console=out, refresh_per_second=4) as live:
+        from rich.live import Live
+
+        with Live(_render(snapshot()), console=out(), refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1)
@@ -131,4 +146,4 @@ def status(
             except KeyboardInterrupt:
                 pass
     else:
-        out.print(_render(snapshot()))
+        out().print(_render(snapshot()))

@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from ..amqp.topology_manager import PLACEMENT_NOTE, TopologyManager
-from ..settings import Settings
 from .options import (
     ConfigOpt,
     PrefixOpt,
     UrlOpt,
+    epilog,
     err,
     friendly_errors,
+    out,
     settings_from,
     usage_error,
 )
 
+if TYPE_CHECKING:
+    from ..amqp.topology_manager import TopologyManager
+    from ..settings import Settings
+
 __all__ = ["app"]
 
-out = Console()
+# The broker client, the settings and rich are imported when a command runs: see options.
 app = typer.Typer(
     help="Declare, compare, verify or remove the delay tiers and work queues.",
     no_args_is_help=True,
@@ -47,8 +48,10 @@ _STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unc
 
 @app.command(
     "plan",
-    epilog="Exits 0 only when nothing is missing or different. Example: "
-    "`rmqdelay topology plan -d orders-timeout`",
+    epilog=epilog(
+        "Exits 0 only when nothing is missing or different.",
+        "rmqdelay topology plan -d orders-timeout",
+    ),
 )
 @friendly_errors
 def topology_plan(
@@ -60,6 +63,10 @@ def topology_plan(
     management_url: ManagementUrlOpt = None,
 ) -> None:
     """Show what exists, what `apply` would create, and what differs."""
+    from rich.table import Table
+
+    from ..amqp.topology_manager import TopologyManager
+
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         states = manager.plan(destination or [])
@@ -74,16 +81,17 @@ def topology_plan(
             style = _STATUS_STYLE[state.status]
             table.add_row(state.kind, state.name, f"[{style}]{state.status}[/]", state.detail)
     if table.row_count:
-        out.print(table)
-    out.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+        out().print(table)
+    out().print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if counts.get("missing") or counts.get("differs") or unusable:
         raise typer.Exit(1)
 
 
 @app.command(
     "apply",
-    epilog="Idempotent; never deletes. Example: "
-    "`rmqdelay topology apply -d orders-timeout -d emails`",
+    epilog=epilog(
+        "Idempotent; never deletes.", "rmqdelay topology apply -d orders-timeout -d emails"
+    ),
 )
 @friendly_errors
 def apply(
@@ -93,22 +101,24 @@ def apply(
     config: ConfigOpt = None,
 ) -> None:
     """Declare every tier, exchange, binding, the parking queue and the work queues."""
+    from ..amqp.topology_manager import PLACEMENT_NOTE, TopologyManager
+
     settings = settings_from(url, prefix, config)
     with TopologyManager(settings) as manager:
         topology = manager.apply(destination or [])
     work = [q.name for q in topology.queues if q.role == "work"]
-    out.print(
+    out().print(
         f"applied {len(topology.exchanges)} exchanges, {len(topology.queues)} queues "
         f"and {len(topology.bindings)} bindings on {settings.masked_url}"
         + (f"; work queues: {', '.join(work)}" if work else "")
     )
     if manager.placement_kept:
-        out.print(f"note: {len(manager.placement_kept)} existing queue(s) were {PLACEMENT_NOTE}")
+        out().print(f"note: {len(manager.placement_kept)} existing queue(s) were {PLACEMENT_NOTE}")
 
 
 @app.command(
     "verify",
-    epilog="Needs no configure permission. Example: `rmqdelay topology verify -d orders-timeout`",
+    epilog=epilog("Needs no configure permission.", "rmqdelay topology verify -d orders-timeout"),
 )
 @friendly_errors
 def topology_verify(
@@ -119,23 +129,25 @@ def topology_verify(
     management_url: ManagementUrlOpt = None,
 ) -> None:
     """Check passively that every object exists; exit 1 with the list of problems."""
+    from ..amqp.topology_manager import TopologyManager
+
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         problems = manager.verify(destination or [])
         unusable = _management_note(manager, settings, "bindings were not checked")
     for problem in problems:
-        out.print(f"[red]problem:[/] {problem}", highlight=False)
+        out().print(f"[red]problem:[/] {problem}", highlight=False)
     if problems or unusable:
         raise typer.Exit(1)
     if manager.management_problem:
-        out.print(f"topology {settings.prefix}: exchanges and queues exist; bindings unchecked")
+        out().print(f"topology {settings.prefix}: exchanges and queues exist; bindings unchecked")
     else:
-        out.print(f"topology {settings.prefix} is complete")
+        out().print(f"topology {settings.prefix} is complete")
 
 
 @app.command(
     "destroy",
-    epilog="Example: `rmqdelay topology destroy --yes` (add --force to drop held messages)",
+    epilog=epilog("Add --force to drop held messages too.", "rmqdelay topology destroy --yes"),
 )
 @friendly_errors
 def topology_destroy(
@@ -152,13 +164,15 @@ def topology_destroy(
     """Remove the prefix's tiers, exchanges, parking and work queues."""
     if not yes:
         raise usage_error("destroy removes queues and their messages: pass --yes")
+    from ..amqp.topology_manager import TopologyManager
+
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         _management_note(
             manager, settings, "only the work queues named with -d are removed", fatal=False
         )
         deleted = manager.destroy(destination or [], force=force)
-    out.print(f"deleted {len(deleted)} objects of {settings.prefix}")
+    out().print(f"deleted {len(deleted)} objects of {settings.prefix}")
 
 
 def _management_note(
@@ -172,5 +186,7 @@ def _management_note(
         return False
     error = fatal and settings.management_url is not None
     label = "[bold red]error:[/]" if error else "[yellow]note:[/]"
-    err.print(f"{label} {consequence}: {escape(problem)}", highlight=False)
+    from rich.markup import escape
+
+    err().print(f"{label} {consequence}: {escape(problem)}", highlight=False)
     return error

@@ -2,44 +2,48 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 import os
 import sys
 import threading
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
 from ..errors import WorkerError
-from ..settings import Settings
-from ..worker.app import Worker
-from ..worker.logs import LEVELS, configure_logging
-from .options import ConfigOpt, PrefixOpt, UrlOpt, friendly_errors, settings_from, usage_error
+from .options import (
+    ConfigOpt,
+    PrefixOpt,
+    UrlOpt,
+    epilog,
+    friendly_errors,
+    settings_from,
+    usage_error,
+)
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..worker.app import Worker
 
 __all__ = ["commands", "load_worker"]
 
-out = Console()
+# The worker (aio-pika, pydantic, the settings) is imported when the command runs, not
+# for ``rmqdelay --help``: see options.
 log = logging.getLogger("rmqdelay.cli")
-_PROGRESS_FROM = 20  # show a progress bar for batches at least this large
+# rmqdelay.worker.logs.LEVELS, spelled out for the help text (a unit test keeps them equal)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-WORKER_EPILOG = """\
-Examples:
-
-  rmqdelay worker myapp.tasks:app
-
-  rmqdelay worker myapp.tasks:app --concurrency 16 --prefetch 32
-
-  rmqdelay worker myapp.tasks:app --queues orders-timeout,invoices --log-level DEBUG
-
-  RMQDELAY_URL=amqps://user:pass@broker/%2F rmqdelay worker myapp.tasks:app --metrics-port 9100
-
-Async handlers run as asyncio tasks, sync ones in a thread pool; --concurrency bounds both.
-SIGTERM or Ctrl-C stops consuming and waits for in-flight handlers (--shutdown-timeout);
-a second signal stops at once, and the unacked messages go back to their queues.
-"""
+WORKER_EPILOG = epilog(
+    "Async handlers run as asyncio tasks, sync ones in a thread pool; --concurrency bounds "
+    "both. SIGTERM or Ctrl-C stops consuming and waits for in-flight handlers "
+    "(--shutdown-timeout); a second signal stops at once, and the unacked messages go back "
+    "to their queues.",
+    "rmqdelay worker myapp.tasks:app",
+    "rmqdelay worker myapp.tasks:app --concurrency 16 --prefetch 32",
+    "rmqdelay worker myapp.tasks:app --queues orders-timeout,invoices --log-level DEBUG",
+    "RMQDELAY_URL=amqps://user:pass@broker/%2F rmqdelay worker myapp.tasks:app --metrics-port 9100",
+)
 
 
 commands = typer.Typer()
@@ -51,6 +55,8 @@ class AppLoadError(WorkerError):
 
 def load_worker(path: str) -> Worker:
     """Import ``module:attr`` (or a module holding exactly one Worker) from the cwd too."""
+    from ..worker.app import Worker
+
     module_name, _, attr = path.partition(":")
     if not module_name or (":" in path and not attr):
         raise AppLoadError(f"cannot read {path!r}: give the worker as module:attr, e.g. tasks:app")
@@ -163,7 +169,7 @@ def worker_command(
         ),
     ] = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", help=f"One of {', '.join(LEVELS)}.")
+        str, typer.Option("--log-level", help=f"One of {', '.join(LOG_LEVELS)}.")
     ] = "INFO",
     log_format: Annotated[
         str, typer.Option("--log-format", help="text (key=value) or json.")
@@ -227,8 +233,10 @@ def _run_worker(
     """Run the worker; return an exit code to leave with at once, or None for a clean 0."""
     if log_format not in ("text", "json"):
         raise usage_error(f"bad --log-format {log_format!r}: use text or json")
-    if log_level.upper() not in LEVELS:
-        raise usage_error(f"bad --log-level {log_level!r}: use one of {', '.join(LEVELS)}")
+    if log_level.upper() not in LOG_LEVELS:
+        raise usage_error(f"bad --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+    from ..worker.logs import configure_logging
+
     worker = load_worker(app_path)
     settings = _worker_settings(worker, url, prefix, config)
     configure_logging(log_level, "json" if log_format == "json" else "text", settings.url)
@@ -253,6 +261,8 @@ def _run_worker(
         queues=names,
         shutdown_timeout=shutdown_timeout,
     )
+
+    import asyncio
 
     code = asyncio.run(runner.run_until_signalled())
     if code == 0 and not runner.abandoned:
