@@ -1,0 +1,190 @@
+"""``import rmqdelay`` and ``rmqdelay --help`` stay cheap: what they import, as facts.
+
+Each check runs in a fresh interpreter (the test process has imported everything already).
+No timings here: ``python -m bench startup`` measures those. Marked ``unit`` by its folder
+(tests/conftest.py), like every test under tests/unit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pika.exceptions
+import pytest
+import typer
+from pydantic import BaseModel
+
+from rmqdelay.cli.options import epilog, friendly_errors, usage_error
+
+# heavy modules that ``import rmqdelay`` and ``rmqdelay --help`` must leave alone
+HEAVY = ("aio_pika", "aiormq", "rmqdelay.worker", "pydantic_settings")
+
+
+def _run(code: str) -> Any:
+    """Run *code* in a fresh interpreter; it prints one JSON document, returned here."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_rmqdelay_leaves_aio_pika_and_the_worker_out() -> None:
+    loaded = _run(
+        f"""
+        import json, sys
+        import rmqdelay
+        print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))
+        """
+    )
+    assert loaded == []
+
+
+def test_touching_a_name_imports_what_it_needs() -> None:
+    found = _run(
+        """
+        import json, sys
+        import rmqdelay
+        before = "aio_pika" in sys.modules
+        cls = rmqdelay.AsyncPublisher
+        from rmqdelay.amqp.aio_publisher import AsyncPublisher
+        print(json.dumps({
+            "before": before,
+            "after": "aio_pika" in sys.modules,
+            "same": cls is AsyncPublisher,
+            "kept": "AsyncPublisher" in vars(rmqdelay),
+            "worker": "rmqdelay.worker" in sys.modules,
+        }))
+        """
+    )
+    assert found == {"before": False, "after": True, "same": True, "kept": True, "worker": False}
+
+
+def test_every_name_of_all_resolves() -> None:
+    found = _run(
+        """
+        import json
+        import rmqdelay
+        names = list(rmqdelay.__all__)
+        missing = [n for n in names if getattr(rmqdelay, n, None) is None]
+        from rmqdelay import *  # noqa: F403  (the star import resolves __all__ too)
+        print(json.dumps({
+            "names": names,
+            "missing": missing,
+            "not_in_dir": sorted(set(names) - set(dir(rmqdelay))),
+        }))
+        """
+    )
+    assert found["missing"] == [] and found["not_in_dir"] == []
+    assert len(found["names"]) == len(set(found["names"])) > 30
+
+
+def test_the_names_are_the_defining_modules_objects() -> None:
+    import rmqdelay
+    from rmqdelay.amqp.publisher import Publisher
+    from rmqdelay.errors import RmqDelayError
+    from rmqdelay.settings import Settings
+    from rmqdelay.worker import Worker
+
+    assert rmqdelay.Publisher is Publisher and rmqdelay.Settings is Settings
+    assert rmqdelay.Worker is Worker and rmqdelay.RmqDelayError is RmqDelayError
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        rmqdelay.Nope  # noqa: B018
+
+
+def test_the_cli_app_and_its_help_leave_the_broker_clients_out() -> None:
+    found = _run(
+        f"""
+        import json, sys
+        from rmqdelay.cli.app import main  # the module rmqdelay (the console script) runs
+        after_import = [m for m in {HEAVY!r} + ("pika", "rich") if m in sys.modules]
+        sys.argv = ["rmqdelay", "--help"]
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        after_help = [m for m in {HEAVY!r} + ("pika", "rich") if m in sys.modules]
+        print(json.dumps({{"import": after_import, "help": after_help, "code": code}}))
+        """
+    )
+    assert found == {"import": [], "help": [], "code": 0}
+
+
+@pytest.mark.parametrize("command", ["worker", "publish", "status", "parked list"])
+def test_a_commands_help_does_not_import_its_dependencies(command: str) -> None:
+    found = _run(
+        f"""
+        import json, sys
+        from rmqdelay.cli import main
+        sys.argv = ["rmqdelay", *{command.split()!r}, "--help"]
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        print(json.dumps({{"loaded": [m for m in {HEAVY!r} if m in sys.modules], "code": code}}))
+        """
+    )
+    assert found == {"loaded": [], "code": 0}
+
+
+def test_the_cli_copies_of_constants_match_their_sources() -> None:
+    """The CLI spells these out to build its options without importing their modules."""
+    from rmqdelay.amqp.status import MAX_PARKED_PEEK
+    from rmqdelay.cli.status import MAX_PARKED_PEEK as CLI_MAX_PARKED_PEEK
+    from rmqdelay.cli.worker import LOG_LEVELS
+    from rmqdelay.worker.logs import LEVELS
+
+    assert CLI_MAX_PARKED_PEEK == MAX_PARKED_PEEK
+    assert tuple(LEVELS) == LOG_LEVELS
+
+
+class _Model(BaseModel):
+    port: int
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "text"),
+    [
+        (usage_error("give exactly one of --delay or --at"), 2, "give exactly one"),
+        (ValueError("bad value"), 1, "bad value"),
+        (pika.exceptions.AMQPConnectionError("refused"), 1, "broker error: AMQPConnectionError"),
+        (None, 1, "invalid settings: port: Input should be a valid integer"),
+    ],
+)
+def test_friendly_errors_still_sorts_errors_without_importing_them_first(
+    error: Exception | None, code: int, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @friendly_errors
+    def command() -> None:
+        if error is None:
+            _Model.model_validate({"port": "x"})  # a pydantic ValidationError
+        else:
+            raise error
+
+    with pytest.raises(typer.Exit) as exit_info:
+        command()
+    assert exit_info.value.exit_code == code
+    assert text in capsys.readouterr().err
+
+
+def test_friendly_errors_lets_a_bug_through() -> None:
+    @friendly_errors
+    def command() -> None:
+        raise RuntimeError("a bug")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        command()
+
+
+def test_epilog_keeps_examples_one_per_line() -> None:
+    text = epilog("A note.", "rmqdelay a", "rmqdelay b --x")
+    assert text == "A note.\n\nExamples:\n\n\b\n  rmqdelay a\n  rmqdelay b --x"
+    assert epilog("", "rmqdelay a") == "Example:\n\n\b\n  rmqdelay a"
