@@ -5,6 +5,7 @@ Commands:
           ``python -m bench --only publish,e2e --scale-messages 0`` (``--help`` lists flags)
   report  plots and the README "Performance" section from bench/results/*.json
   peers   the peer designs alone (``bench.scenarios_peers``): ``python -m bench peers --quick``
+  startup how fast ``rmqdelay`` starts (``bench.startup``): ``python -m bench startup``
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def main(argv: list[str]) -> int:
         from bench.scenarios_peers import main as peers_main
 
         return peers_main(rest)
+    if command == "startup":
+        from bench.startup import main as startup_main
+
+        return startup_main(rest)
     if command == "report":
         from bench.report import main as report_main
 

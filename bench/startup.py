@@ -1,0 +1,223 @@
+"""How fast the ``rmqdelay`` command starts: ``python -m bench startup``.
+
+Times, in fresh processes, each command of ``COMMANDS``: ``python -c 'import pika'``
+(the reference: what any pika script pays), ``python -c 'import rmqdelay'``,
+``rmqdelay --help`` and one real ``rmqdelay publish DEST BODY --delay 10s`` against
+``--url`` (default ``BENCH_AMQP_URL``, else ``RMQDELAY_URL``, else the local broker).
+One untimed warm-up round first (the OS file cache, ``__pycache__``), then ``--repeats``
+rounds; the commands take turns within a round, so a burst of load elsewhere falls on all
+of them. Prints the medians, their ratio to the reference and the targets, and writes
+``bench/results/startup.json``.
+
+The targets were set in milliseconds on a machine where the reference took 81 ms; on a
+slower or busier machine compare the ratios (target / 81 ms), which the output shows too.
+The publish command needs a topology: it is declared with ``rmqdelay topology apply`` under
+a fresh prefix (``RMQDELAY_PREFIX``) and destroyed after, whatever happens.
+
+    python -m bench startup                  # all of it
+    python -m bench startup --no-publish     # no broker needed
+    python -m bench startup --repeats 9 --out /tmp/startup.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import DEFAULT_AMQP_URL, machine_cpu_seconds, machine_info, now_ms
+
+RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
+DESTINATION = "startup"
+#: what the issue measured before this work (medians of 5, ms), and its reference
+BEFORE_MS = {"reference": 81.0, "help": 392.0, "publish": 334.0}
+#: the targets (ms, median of 5) on the machine where the reference took REFERENCE_MS
+TARGETS_MS = {"help": 150.0, "publish": 200.0}
+REFERENCE_MS = BEFORE_MS["reference"]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    argv: list[str]
+    needs_broker: bool = False
+
+
+def commands(python: str, rmqdelay: str) -> list[Command]:
+    return [
+        Command("reference", [python, "-c", "import pika"]),
+        Command("import", [python, "-c", "import rmqdelay"]),
+        Command("help", [rmqdelay, "--help"]),
+        Command(
+            "publish",
+            [rmqdelay, "publish", DESTINATION, "startup bench", "--delay", "10s"],
+            needs_broker=True,
+        ),
+    ]
+
+
+def _run(argv: list[str], env: dict[str, str]) -> float:
+    """Run *argv* to its end; its wall time in ms. A failure stops the benchmark."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    elapsed = (time.perf_counter() - started) * 1000
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-800:]}")
+    return elapsed
+
+
+def machine_load(window_s: float = 2.0) -> dict[str, Any]:
+    """How busy the whole machine is (others' jobs move start-up times a lot)."""
+    start = machine_cpu_seconds()
+    time.sleep(window_s)
+    end = machine_cpu_seconds()
+    cores = os.cpu_count() or 1
+    busy = None if start is None or end is None else round((end - start) / window_s / cores * 100)
+    return {
+        "window_s": window_s,
+        "busy_percent": busy,
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
+    }
+
+
+def measure(todo: list[Command], env: dict[str, str], repeats: int) -> dict[str, list[float]]:
+    """Every command once untimed, then *repeats* timed rounds, the commands in turn."""
+    for command in todo:
+        _run(command.argv, env)
+    times: dict[str, list[float]] = {command.name: [] for command in todo}
+    for _ in range(repeats):
+        for command in todo:
+            times[command.name].append(round(_run(command.argv, env), 1))
+    return times
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    medians = {name: statistics.median(runs) for name, runs in times.items()}
+    reference = medians["reference"]
+    summary: dict[str, dict[str, Any]] = {}
+    for name, runs in times.items():
+        row: dict[str, Any] = {
+            "median_ms": round(medians[name], 1),
+            "min_ms": min(runs),
+            "max_ms": max(runs),
+            "runs_ms": runs,
+            "ratio_to_reference": round(medians[name] / reference, 2),
+            "before_ms": BEFORE_MS.get(name),
+        }
+        target = TARGETS_MS.get(name)
+        if target is not None:
+            ratio = target / REFERENCE_MS
+            row |= {
+                "target_ms": target,
+                "meets_target_ms": medians[name] <= target,
+                "target_ratio": round(ratio, 2),
+                "meets_target_ratio": medians[name] <= ratio * reference,
+            }
+        summary[name] = row
+    return summary
+
+
+def show(summary: dict[str, dict[str, Any]], shown: dict[str, str], repeats: int) -> None:
+    print(f"\nstart-up, median of {repeats} fresh processes (ms):")
+    print(f"  {'command':<58} {'median':>7} {'x ref':>6}  target")
+    for name, row in summary.items():
+        verdict = ""
+        if "target_ms" in row:
+            ms = "ok" if row["meets_target_ms"] else "over"
+            ratio = "ok" if row["meets_target_ratio"] else "over"
+            verdict = (
+                f"<= {row['target_ms']:.0f} ms: {ms}; <= {row['target_ratio']:.2f} x ref: {ratio}"
+            )
+        print(
+            f"  {shown[name]:<58} {row['median_ms']:>7.0f} "
+            f"{row['ratio_to_reference']:>6.2f}  {verdict}"
+        )
+
+
+def write(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    print(f"wrote {path}")
+
+
+def _topology(rmqdelay: str, verb: list[str], env: dict[str, str]) -> None:
+    argv = [rmqdelay, "topology", *verb, "--destination", DESTINATION]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench startup", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--url", default=DEFAULT_AMQP_URL, help="broker for the publish")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each command")
+    parser.add_argument("--no-publish", action="store_true", help="skip the broker command")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes")
+    args = parser.parse_args(argv)
+
+    python = sys.executable
+    rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))  # the venv's console script
+    if not Path(rmqdelay).exists():
+        raise SystemExit(f"no {rmqdelay}: install the package in this venv (make venv)")
+    prefix = f"bench-startup-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "RMQDELAY_URL": args.url, "RMQDELAY_PREFIX": prefix}
+    todo = [c for c in commands(python, rmqdelay) if not (c.needs_broker and args.no_publish)]
+    shown = {
+        c.name: " ".join(
+            Path(a).name if i == 0 else (repr(a) if " " in a else a) for i, a in enumerate(c.argv)
+        )
+        for c in todo
+    }
+
+    load_before = machine_load()
+    print(f"machine busy {load_before['busy_percent']}% before (load {load_before['loadavg']})")
+    started = time.perf_counter()
+    if not args.no_publish:
+        _topology(rmqdelay, ["apply"], env)
+    try:
+        times = measure(todo, env, args.repeats)
+    finally:
+        if not args.no_publish:
+            _topology(rmqdelay, ["destroy", "--yes", "--force"], env)
+    load_after = {"loadavg": [round(v, 2) for v in os.getloadavg()]}
+    summary = summarize(times)
+    show(summary, shown, args.repeats)
+    print(f"load average before {load_before['loadavg']}, after {load_after['loadavg']}")
+    write(
+        args.out,
+        {
+            "workload": "startup",
+            "generated_at_ms": now_ms(),
+            "command": [Path(sys.executable).name, "-m", "bench", "startup", *(argv or [])],
+            "machine": machine_info(),
+            "load_before": load_before,
+            "load_after": load_after,
+            "params": {
+                "repeats": args.repeats,
+                "warmup_rounds": 1,
+                "commands": {c.name: shown[c.name] for c in todo},
+                "reference_ms_of_targets": REFERENCE_MS,
+                "targets_ms": TARGETS_MS,
+                "before_ms": BEFORE_MS,
+            },
+            "results": summary,
+            "total_seconds": round(time.perf_counter() - started, 1),
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
