@@ -22,11 +22,6 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
-
 from .core.durations import format_ms, parse_duration_us
 from .core.layout import Layout
 from .errors import ConfigurationError, DelayError
@@ -315,6 +310,11 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
     if path is not None and not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} does not exist")
     if path is not None:
+        # imported here: most runs read no file, and every CLI command imports this module
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover
+            import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
         try:
             tomllib.loads(path.read_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
