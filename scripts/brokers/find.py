@@ -4,7 +4,10 @@
 2. ``local``          -- something already listening on 127.0.0.1:5672 (guest/guest);
 3. ``testcontainers`` -- a container, when a Docker engine answers (see container.py);
 4. ``debian``         -- Debian's ``rabbitmq-server``, installed with apt-get when missing
-                         and we are root, then started (see debian.py).
+                         and we are root, then started (see debian.py).  When something
+                         listens on 5672 yet does not answer AMQP (a wedged node: seen
+                         here), a node of our own on 127.0.0.1:5674 (management 15674,
+                         data under /var/tmp/rmqdelay-own) instead; it keeps running.
 
 The tests' harness also wants the management API: on a broker of this machine it may
 enable the plugin, and says so first when that broker is not one this module started.
@@ -37,6 +40,9 @@ __all__ = ["ENV_VAR", "SOURCES", "Plan", "ensure_broker", "local_url", "plan"]
 ENV_VAR = "RMQDELAY_URL"
 LOCAL_HOST = "127.0.0.1"
 LOCAL_PORT = 5672
+OWN_PORT = 5674  # our own node, when the one on LOCAL_PORT listens but does not answer
+OWN_BASE = Path(os.environ.get("RMQDELAY_OWN_BROKER_DIR", "/var/tmp/rmqdelay-own"))
+LOCAL_ANSWER_WAIT = 20.0  # seconds a listening node on LOCAL_PORT gets to answer AMQP
 MANAGEMENT_PORT = 15672
 MANAGEMENT_PLUGIN = "rabbitmq_management"
 MANAGEMENT_ENV_VAR = "RMQDELAY_MANAGEMENT_URL"
@@ -67,7 +73,9 @@ def plan() -> Plan:
         return Plan(None, f"${ENV_VAR} = {mask_url(url)} does not answer AMQP: {detail}")
     if tcp_open(LOCAL_HOST, LOCAL_PORT):
         return Plan(
-            "local", f"something listens on {LOCAL_HOST}:{LOCAL_PORT} -> {mask_url(local_url())}"
+            "local",
+            f"something listens on {LOCAL_HOST}:{LOCAL_PORT} -> {mask_url(local_url())} "
+            f"(if it does not answer AMQP: a node of our own on :{OWN_PORT})",
         )
     docker_ok, docker_detail = container.docker_available()
     if docker_ok and container.testcontainers_importable():
@@ -111,12 +119,13 @@ def _from_env() -> BrokerInfo | None:
     return BrokerInfo(url=url, management_url=None, source="env")
 
 
-def _from_local() -> BrokerInfo | None:
+def _from_local(errors: list[str]) -> BrokerInfo | None:
+    """The broker on 127.0.0.1:5672, or None (with why in ``errors``) when nothing there
+    answers AMQP: a node that is still booting gets :data:`LOCAL_ANSWER_WAIT` seconds."""
     if not tcp_open(LOCAL_HOST, LOCAL_PORT):
         return None
-    # Something listens; a node that is still booting may refuse AMQP for a little while.
     url, last = local_url(), ""
-    deadline = time.monotonic() + 30.0
+    deadline = time.monotonic() + LOCAL_ANSWER_WAIT
     while True:
         ok, last = amqp_ok(url)
         if ok:
@@ -125,15 +134,25 @@ def _from_local() -> BrokerInfo | None:
         if time.monotonic() >= deadline:
             break
         time.sleep(1.0)
-    raise BrokerUnavailable(
-        f"something listens on {LOCAL_HOST}:{LOCAL_PORT} but {mask_url(url)} "
-        f"does not answer AMQP: {last}\n"
-        f"Set {ENV_VAR} to the right URL (user, password, vhost) for that broker."
+    errors.append(
+        f"something listens on {LOCAL_HOST}:{LOCAL_PORT} but {mask_url(url)} does not "
+        f"answer AMQP: {last} (set {ENV_VAR} if it wants another user, password or vhost)"
+    )
+    log(errors[-1])
+    return None
+
+
+def own_node() -> debian.DebianNode:
+    """Our own node beside a wedged one on :5672, its files under :data:`OWN_BASE`."""
+    OWN_BASE.mkdir(parents=True, exist_ok=True)
+    os.chmod(OWN_BASE, 0o755)  # the rabbitmq user must reach the node's directories
+    return debian.DebianNode.scratch(
+        OWN_BASE, "rmqd-own", OWN_PORT, management_port=OWN_PORT + MANAGEMENT_PORT - LOCAL_PORT
     )
 
 
-def _from_debian(errors: list[str]) -> BrokerInfo | None:
-    node = debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST)
+def _from_debian(errors: list[str], *, own: bool = False) -> BrokerInfo | None:
+    """Debian's node on :5672, or (``own``: :5672 is taken) our own on :data:`OWN_PORT`."""
     if not Path(debian.DEBIAN_SERVER).exists():
         if not debian.can_install():
             errors.append(
@@ -145,6 +164,7 @@ def _from_debian(errors: list[str]) -> BrokerInfo | None:
         except (BrokerUnavailable, OSError) as exc:
             errors.append(str(exc))
             return None
+    node = own_node() if own else debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST)
     try:
         if tcp_open(node.host, node.port):  # the package's postinst may have started it
             took = debian.wait_until_up(node)
@@ -241,7 +261,7 @@ def ensure_broker(
     the management API.
     """
     errors: list[str] = []
-    info = _from_env() or _from_local()
+    info = _from_env() or _from_local(errors)
     if info is None and allow_testcontainers:
         docker_ok, docker_detail = container.docker_available()
         if docker_ok:
@@ -252,7 +272,7 @@ def ensure_broker(
         else:
             errors.append(f"docker: {docker_detail}")
     if info is None and allow_start:
-        info = _from_debian(errors)
+        info = _from_debian(errors, own=tcp_open(LOCAL_HOST, LOCAL_PORT))
     if info is None:
         raise BrokerUnavailable(help_text(errors))
     if management:
