@@ -1,7 +1,5 @@
 """``rmqdelay parked``: list, replay and purge parked messages."""
 
-from __future__ import annotations
-
 import json
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
@@ -139,7 +137,7 @@ def parked_replay(
             raise DelayError(f"--delay must not be negative, got {delay!r}")
         wait = timedelta(microseconds=micros)
 
-    async def replay() -> ReplayReport:
+    async def replay() -> "ReplayReport":
         async with ParkedQueue(settings) as parked:
             total = await parked.count()
             if total < _PROGRESS_FROM:

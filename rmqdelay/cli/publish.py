@@ -1,7 +1,5 @@
 """``rmqdelay publish`` and ``rmqdelay consume``: one message in, messages out."""
 
-from __future__ import annotations
-
 import base64
 import json
 import sys
@@ -26,7 +24,6 @@ from .options import (
 if TYPE_CHECKING:
     import pika
 
-    from ..core.journal import Tombstones
     from ..core.layout import Layout
 
 __all__ = ["commands"]
@@ -192,7 +189,7 @@ def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
 class _Cancels:
     """The journal's tombstones, read again when a message comes more than 2 s later."""
 
-    def __init__(self, connection: pika.BlockingConnection, layout: Layout) -> None:
+    def __init__(self, connection: "pika.BlockingConnection", layout: "Layout") -> None:
         from ..core.journal import Tombstones
 
         self.connection, self.layout = connection, layout
@@ -211,7 +208,7 @@ class _Cancels:
         return self.tombstones.is_cancelled(message_id, time.time_ns() // 10**6)
 
 
-def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:
+def _print_message(props: "pika.BasicProperties", body: bytes, as_json: bool) -> None:
     from ..core.messages import DUE_AT
 
     now_ms = time.time_ns() // 1_000_000

@@ -1,7 +1,5 @@
 """``rmqdelay scheduled list`` and ``rmqdelay cancel``: the schedule journal, read and used."""
 
-from __future__ import annotations
-
 import json
 import time
 from datetime import datetime, timezone

@@ -1,7 +1,5 @@
 """``rmqdelay status``: what is scheduled, waiting, parked and journaled, at a glance."""
 
-from __future__ import annotations
-
 import json
 import time
 from datetime import datetime, timezone
@@ -28,7 +26,7 @@ def _n(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
 
 
-def _render(status: Status) -> Group:
+def _render(status: "Status") -> "Group":
     from rich.console import Group
     from rich.table import Table
 
@@ -123,7 +121,7 @@ def status(
     from ..amqp.status import gather_status
     from ..core.status import prometheus_text
 
-    def snapshot() -> Status:
+    def snapshot() -> "Status":
         return gather_status(
             settings,
             destination,

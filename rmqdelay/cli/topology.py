@@ -1,7 +1,5 @@
 """``rmqdelay topology``: plan, apply, verify and destroy the broker objects."""
 
-from __future__ import annotations
-
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -176,7 +174,7 @@ def topology_destroy(
 
 
 def _management_note(
-    manager: TopologyManager, settings: Settings, consequence: str, *, fatal: bool = True
+    manager: "TopologyManager", settings: "Settings", consequence: str, *, fatal: bool = True
 ) -> bool:
     """Say why the management API cannot be used, if so, rather than report bindings
     missing.  Returns True (an error) when the user configured it and ``fatal``: a

@@ -1,7 +1,5 @@
 """``rmqdelay worker``: load a :class:`~rmqdelay.Worker` app and run it."""
 
-from __future__ import annotations
-
 import importlib
 import logging
 import os
@@ -53,7 +51,7 @@ class AppLoadError(WorkerError):
     """``module:attr`` does not name a Worker."""
 
 
-def load_worker(path: str) -> Worker:
+def load_worker(path: str) -> "Worker":
     """Import ``module:attr`` (or a module holding exactly one Worker) from the cwd too."""
     from ..worker.app import Worker
 
@@ -100,8 +98,8 @@ def load_worker(path: str) -> Worker:
 
 
 def _worker_settings(
-    worker: Worker, url: list[str] | None, prefix: str | None, config: Any
-) -> Settings:
+    worker: "Worker", url: list[str] | None, prefix: str | None, config: Any
+) -> "Settings":
     if worker._settings is None:
         return settings_from(url, prefix, config)
     given = [flag for flag, v in (("--url", url), ("--prefix", prefix), ("--config", config)) if v]
@@ -125,7 +123,7 @@ def _queues(value: str | None) -> list[str] | None:
     return names
 
 
-def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> None:
+def _describe(worker: "Worker", settings: "Settings", queues: list[str] | None) -> None:
     for spec in worker.select(settings, queues):
         policy = spec.policy
         log.info(
