@@ -19,7 +19,14 @@ import pika.channel
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-__all__ = ["close_connection", "open_channel", "poll_once", "wait_until"]
+__all__ = [
+    "close_connection",
+    "frame_max",
+    "open_channel",
+    "poll_once",
+    "wait_until",
+    "write_frames",
+]
 
 
 def _closed_error(connection: pika.BlockingConnection) -> BaseException | None:
@@ -55,6 +62,18 @@ def poll_once(connection: pika.BlockingConnection) -> None:
     """
     with contextlib.suppress(TimeoutError):
         wait_until(connection, lambda: False, 0, "polling")
+
+
+def frame_max(channel: pika.channel.Channel) -> int:
+    """The frame size the connection agreed with the broker: where bodies are split."""
+    return int(channel.connection.params.frame_max)
+
+
+def write_frames(channel: pika.channel.Channel, data: bytes) -> None:
+    """Queue frames already encoded (:func:`~rmqdelay.core.wire.encode_publish`) as one
+    write: pika sends each frame it builds with a system call of its own."""
+    channel._raise_if_not_open()  # type: ignore[attr-defined]  # as basic_publish does
+    channel.connection._output_marshaled_frames([data])  # type: ignore[attr-defined]
 
 
 def open_channel(connection: pika.BlockingConnection, timeout: float) -> BlockingChannel:

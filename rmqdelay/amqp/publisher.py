@@ -32,9 +32,17 @@ from ..core.outgoing import (
     Send,
     Steps,
 )
+from ..core.wire import encode_publish
 from ..errors import ConnectionFailedError, PublisherClosedError
 from . import journal
-from .blocking import close_connection, open_channel, poll_once, wait_until
+from .blocking import (
+    close_connection,
+    frame_max,
+    open_channel,
+    poll_once,
+    wait_until,
+    write_frames,
+)
 from .connections import connect_blocking
 from .passive import queue_exists
 from .publishing import PublisherSurface
@@ -252,16 +260,29 @@ class Publisher(
         channel = self._confirm_channel()
         outcomes: list[Outcome | None] = [None] * len(batch)
         self._outcomes = outcomes
+        number, limit = channel.channel_number, frame_max(channel)
+        frames: list[bytes] = []
         try:
             for n, prepared in enumerate(batch):
                 out = self.core.finalize(prepared)
                 self._pending[self._next_tag] = (n, out)
                 self._next_tag += 1
-                channel.basic_publish(
-                    out.exchange, out.routing_key, prepared.body, pika_properties(prepared), True
+                frames.append(
+                    encode_publish(
+                        number,
+                        out.exchange,
+                        out.routing_key,
+                        prepared.encoded_properties,
+                        prepared.body,
+                        frame_max=limit,
+                    )
                 )
-                if (n + 1) % _FLUSH_EVERY == 0 or len(self._pending) >= self._window:
+                if len(frames) == _FLUSH_EVERY or len(self._pending) >= self._window:
+                    write_frames(channel, b"".join(frames))
+                    frames.clear()
                     self._pump(lambda: len(self._pending) < self._window)
+            if frames:
+                write_frames(channel, b"".join(frames))
             self._pump(lambda: not self._pending)
         except BaseException as exc:
             self._give_up(exc)

@@ -21,7 +21,13 @@ from typing import Any
 
 from ..errors import InvalidMessageError
 
-__all__ = ["FRAME_MAX", "MAX_PROPERTIES_BYTES", "SHORTSTR_MAX", "encode_properties"]
+__all__ = [
+    "FRAME_MAX",
+    "MAX_PROPERTIES_BYTES",
+    "SHORTSTR_MAX",
+    "encode_properties",
+    "encode_publish",
+]
 
 SHORTSTR_MAX = 255
 """Bytes of UTF-8 in an AMQP short string: property values and header names."""
@@ -55,6 +61,8 @@ def _utf8(field: str, value: object, what: str = "a str") -> bytes:
 
 
 def _shortstr(field: str, value: object) -> bytes:
+    if type(value) is str and value.isascii() and len(value) <= SHORTSTR_MAX:
+        return bytes((len(value),)) + value.encode()  # the usual case, checked cheaply
     data = _utf8(field, value)
     if len(data) > SHORTSTR_MAX:
         raise _fail(
@@ -159,17 +167,41 @@ def _value(field: str, value: object, path: tuple[int, ...]) -> bytes:
 
 
 def _table(field: str, table: Mapping[Any, Any], path: tuple[int, ...] = ()) -> bytes:
-    """A field table: names are short strings, checked before anything else is read."""
+    """A field table: names are short strings, checked before anything else is read.
+
+    ASCII names with ASCII str or 64-bit int values take a fast path (a publish's own headers
+    are these); anything else, and every error, goes through :func:`_entry`.
+    """
     entries = []
     for name, value in table.items():
-        if not isinstance(name, str):
-            raise _fail(
-                field, f"has a name that is not a str: {type(name).__name__} {_shown(name)}"
-            )
-        entries.append(_shortstr(f"{field} name {_shown(name)}", name))
-        entries.append(_value(f"{field}[{_shown(name)}]", value, path))
+        kind = type(value)
+        if type(name) is str and name.isascii() and len(name) <= SHORTSTR_MAX:
+            if kind is str and value.isascii():
+                entries.append(
+                    bytes((len(name),)) + name.encode() + _S_LEN(b"S", len(value)) + value.encode()
+                )
+                continue
+            if kind is int and -_INT64 <= value < _INT64:
+                number = _I(b"I", value) if -_INT32 <= value < _INT32 else _L(b"l", value)
+                entries.append(bytes((len(name),)) + name.encode() + number)
+                continue
+        entries.append(_entry(field, name, value, path))
     data = b"".join(entries)
     return struct.pack(">I", len(data)) + data
+
+
+_S_LEN = struct.Struct(">cI").pack
+_I = struct.Struct(">ci").pack
+_L = struct.Struct(">cq").pack
+
+
+def _entry(field: str, name: object, value: object, path: tuple[int, ...]) -> bytes:
+    """One table entry, every check made, the field named in every error."""
+    if not isinstance(name, str):
+        raise _fail(field, f"has a name that is not a str: {type(name).__name__} {_shown(name)}")
+    return _shortstr(f"{field} name {_shown(name)}", name) + _value(
+        f"{field}[{_shown(name)}]", value, path
+    )
 
 
 def _headers(field: str, value: object) -> bytes:
@@ -223,3 +255,44 @@ def encode_properties(properties: Mapping[str, Any]) -> bytes:
             "send large values in the body",
         )
     return data
+
+
+_FRAME_END = b"\xce"
+_PUBLISH = struct.pack(">HHH", 60, 40, 0)  # basic.publish, ticket 0
+_HEADER = struct.pack(">HH", 60, 0)  # content header of class basic, weight 0
+
+
+def _frame(kind: int, channel: int, payload: bytes) -> bytes:
+    return struct.pack(">BHI", kind, channel, len(payload)) + payload + _FRAME_END
+
+
+def encode_publish(
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    properties: bytes,
+    body: bytes,
+    *,
+    mandatory: bool = True,
+    frame_max: int = FRAME_MAX,
+) -> bytes:
+    """One basic.publish as bytes: its method, content header and body frames.
+
+    Why: a client library writes each frame on its own and pika makes a system call per
+    frame; joining a window of messages into one write cost the sync publisher less than
+    half of its CPU per message (bench/README.md). ``properties`` is what
+    :func:`encode_properties` returned; the body is split at ``frame_max``.
+    """
+    method = (
+        _PUBLISH
+        + _shortstr("exchange", exchange)
+        + _shortstr("routing key", routing_key)
+        + (b"\x01" if mandatory else b"\x00")
+    )
+    parts = [
+        _frame(1, channel, method),
+        _frame(2, channel, _HEADER + struct.pack(">Q", len(body)) + properties),
+    ]
+    step = frame_max - 8  # a frame's header and end
+    parts += (_frame(3, channel, body[i : i + step]) for i in range(0, len(body), step))
+    return b"".join(parts)
