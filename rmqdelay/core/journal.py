@@ -111,6 +111,24 @@ def encode_record(record: JournalRecord) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
+def encode_scheduled(
+    message_id: str,
+    destination: str,
+    due_at_ms: int,
+    attempt: int,
+    body_size: int,
+    recorded_at_ms: int,
+) -> bytes:
+    """:func:`encode_record` of a ``scheduled`` record with no headers and no body, the
+    usual one, without building the record first: the journal is written on every
+    publish. The same bytes (``tests/unit/test_journal.py`` checks it)."""
+    return (
+        f'{{"v":{_VERSION},"k":"scheduled","id":{json.dumps(message_id)},'
+        f'"d":{json.dumps(destination)},"due":{due_at_ms},"a":{attempt},"n":{body_size},'
+        f'"t":{recorded_at_ms}}}'
+    ).encode()
+
+
 def decode_record(raw: bytes) -> JournalRecord | None:
     """The record, or None for anything this version cannot read (skipped, not fatal)."""
     try:

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import DelayError
 from .durations import format_ms
-from .layout import Layout, Tier
-from .routing import build_key
+from .layout import DIGITS, Layout, Tier
 
 __all__ = ["DelayPlan", "check_max_delay", "digits_for", "plan_delay"]
 
@@ -35,10 +34,22 @@ class DelayPlan:
 
 def _positional(layout: Layout, rest: int) -> list[int]:
     digits = []
-    for position in layout.positions[len(layout.positions) - layout.positional_count :]:
-        digit, rest = divmod(rest, position.weight)
+    for weight in _weights(layout):
+        digit, rest = divmod(rest, weight)
         digits.append(digit)
     return digits
+
+
+def _weights(layout: Layout) -> tuple[int, ...]:
+    """The positional weights, most significant first: kept on the layout, which is
+    immutable, since every publish plans with them."""
+    try:
+        return layout.__dict__["_plan_weights"]  # type: ignore[no-any-return]
+    except KeyError:
+        positional = layout.positions[len(layout.positions) - layout.positional_count :]
+        weights = tuple(p.weight for p in positional)
+        object.__setattr__(layout, "_plan_weights", weights)
+        return weights
 
 
 def digits_for(layout: Layout, units: int) -> tuple[int, ...]:
@@ -83,12 +94,12 @@ def plan_delay(layout: Layout, delay_us: int, destination: str) -> DelayPlan:
 
     ``destination`` must already be validated (see ``routing.validate_destination``).
     """
-    check_max_delay(layout, delay_us)
-    step_us = layout.resolution_ms * 1000
-    units = max(0, -(-delay_us // step_us))
+    if delay_us > layout.max_delay_ms * 1000:
+        check_max_delay(layout, delay_us)
+    units = max(0, -(-delay_us // (layout.resolution_ms * 1000)))
     digits = digits_for(layout, units)
-    hops = tuple(p.tiers[d - 1] for p, d in zip(layout.positions, digits, strict=True) if d)
-    key = build_key(layout, digits, destination)
+    hops = tuple([p.tiers[d - 1] for p, d in zip(layout.positions, digits, strict=True) if d])
+    key = ".".join([*[DIGITS[d] for d in digits], destination])
     if hops:
         exchange, publish_key = hops[0].queue, key  # the first tier's own fanout
     else:  # straight to the work queue, so a missing queue comes back as a return
