@@ -11,6 +11,10 @@ another RabbitMQ version from a chroot, on their own ports)::
 
 ``DebianNode()`` with no arguments is the system node: every field left ``None`` keeps
 what the package's /etc/rabbitmq files say.
+
+A node in a chroot (another Debian release's package) gives ``root``: its paths are then
+the ones seen inside the chroot, its commands run through ``chroot root``, and its
+directories are created under ``root`` and handed to the chroot's own rabbitmq user.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ class DebianNode:
     server: str | None = None  # the rabbitmq-server script (default DEBIAN_SERVER)
     command_prefix: tuple[str, ...] = ()  # e.g. ("chroot", "/srv/trixie")
     extra_env: tuple[tuple[str, str], ...] = ()  # more variables, e.g. RABBITMQ_SERVER_START_ARGS
+    root: Path | None = None  # a chroot the paths above are inside of (see on_host)
 
     @classmethod
     def scratch(
@@ -90,23 +95,31 @@ class DebianNode:
         host: str = "127.0.0.1",
         server: str | None = None,
         command_prefix: tuple[str, ...] = (),
+        root: Path | None = None,
     ) -> DebianNode:
         """A node of its own under ``base_dir/name``, its files written now.
 
         ``config`` lines are appended to its rabbitmq.conf.  The rabbitmq user must be
         able to reach ``base_dir`` (pytest's tmp_path is private to root: use /var/tmp).
+        With ``root`` (a chroot), ``base_dir`` is a path inside it and the commands run
+        through ``chroot root`` unless ``command_prefix`` says otherwise.
         """
         home = Path(base_dir) / name
+        if root is not None and not command_prefix:
+            command_prefix = ("chroot", str(root))
+        host_home = home if root is None else Path(root) / home.relative_to("/")
         for sub in ("data", "log"):
-            (home / sub).mkdir(parents=True, exist_ok=True)
+            (host_home / sub).mkdir(parents=True, exist_ok=True)
         lines = [f"listeners.tcp.1 = {host}:{port}"]
         enabled = list(plugins)
         if management_port is not None:
             enabled = ["rabbitmq_management", *(p for p in enabled if p != "rabbitmq_management")]
             lines += [f"management.tcp.ip = {host}", f"management.tcp.port = {management_port}"]
-        (home / "rabbitmq.conf").write_text("\n".join([*lines, *config]) + "\n")
-        (home / "enabled_plugins").write_text(f"[{','.join(enabled)}].\n")
-        (home / "rabbitmq-env.conf").write_text("# this node's settings are in the environment\n")
+        (host_home / "rabbitmq.conf").write_text("\n".join([*lines, *config]) + "\n")
+        (host_home / "enabled_plugins").write_text(f"[{','.join(enabled)}].\n")
+        (host_home / "rabbitmq-env.conf").write_text(
+            "# this node's settings are in the environment\n"
+        )
         return cls(
             port=port,
             node_name=f"{name}@localhost",
@@ -119,7 +132,12 @@ class DebianNode:
             host=host,
             server=server,
             command_prefix=command_prefix,
+            root=None if root is None else Path(root),
         )
+
+    def on_host(self, path: Path) -> Path:
+        """Where *path* (one of this node's paths) is seen from the host."""
+        return path if self.root is None else self.root / path.relative_to("/")
 
     @property
     def url(self) -> str:
@@ -195,12 +213,35 @@ def _raise_nofile_limit(wanted: int = 65536) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
+def _chroot_user(root: Path, user: str) -> tuple[int, int] | None:
+    """*user*'s uid and gid in the chroot's /etc/passwd (not the host's: they differ)."""
+    try:
+        lines = (root / "etc/passwd").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split(":")
+        if len(fields) > 3 and fields[0] == user:
+            return int(fields[2]), int(fields[3])
+    return None
+
+
 def _prepare(node: DebianNode) -> None:
-    """Create the node's directories; as root, hand them to the user the server runs as."""
-    dirs = [d for d in (node.data_dir, node.log_dir) if d is not None]
+    """Create the node's directories; as root, hand them to the user the server runs as
+    (in a chroot: the chroot's user of that name)."""
+    dirs = [node.on_host(d) for d in (node.data_dir, node.log_dir) if d is not None]
     for directory in dirs:
         directory.mkdir(parents=True, exist_ok=True)
-    if not (dirs and is_root() and not node.command_prefix):
+    if not (dirs and is_root()):
+        return
+    if node.root is not None:
+        owner = _chroot_user(node.root, RUN_AS)
+        if owner is not None:
+            for directory in dirs:
+                for path in (directory, *directory.rglob("*")):
+                    os.chown(path, *owner)
+        return
+    if node.command_prefix:
         return
     try:
         pwd.getpwnam(RUN_AS)

@@ -22,7 +22,18 @@ from pathlib import Path
 from .base import BrokerUnavailable, log, run_captured
 from .probe import amqp_ok, tcp_open, wait_for
 
-__all__ = ["AMQP_PORT", "MANAGEMENT_PORT", "ROOT", "URL", "ensure_chroot", "start", "stop"]
+__all__ = [
+    "AMQP_PORT",
+    "MANAGEMENT_PORT",
+    "ROOT",
+    "URL",
+    "chroot_pids",
+    "ensure_chroot",
+    "prepare_chroot",
+    "release_chroot",
+    "start",
+    "stop",
+]
 
 ROOT = Path(os.environ.get("RMQDELAY_RMQ4_ROOT", "/var/cache/rmqdelay/rabbitmq4-trixie"))
 """The chroot; set RMQDELAY_RMQ4_ROOT to keep it elsewhere. Reused when present."""
@@ -153,6 +164,31 @@ def _unmount() -> None:
             _run(["umount", str(target)], 30)
 
 
+def prepare_chroot() -> None:
+    """What any node in the chroot needs (this module's node, or the 4.0 cluster of
+    cluster.py): the chroot built, its open-files limit for the rabbitmq user, /proc
+    and /dev mounted."""
+    ensure_chroot()
+    (ROOT / _LIMITS).parent.mkdir(parents=True, exist_ok=True)
+    (ROOT / _LIMITS).write_text(_nofile_limits())
+    _mount()
+
+
+def chroot_pids() -> list[int]:
+    """Every process running in the chroot (any node of it, its epmd, its CLI)."""
+    return _chroot_pids()
+
+
+def release_chroot() -> bool:
+    """Once nothing runs in the chroot (an epmd of its own is ended), unmount /proc and
+    /dev; True when it was left empty and unmounted, False while a node still runs."""
+    _stop_own_epmd()
+    if _chroot_pids():
+        return False
+    _unmount()
+    return True
+
+
 def _ctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return run_captured(["chroot", str(ROOT), "rabbitmqctl", *args], timeout)
 
@@ -162,10 +198,10 @@ def start(timeout: float = 120.0) -> str:
     ensure_chroot()
     if tcp_open("127.0.0.1", AMQP_PORT) and amqp_ok(URL, timeout=3.0)[0]:
         return URL
-    for relative, text in {**_CONFIG, _LIMITS: _nofile_limits()}.items():
+    for relative, text in _CONFIG.items():
         (ROOT / relative).parent.mkdir(parents=True, exist_ok=True)
         (ROOT / relative).write_text(text)
-    _mount()
+    prepare_chroot()
     log(f"starting RabbitMQ 4 ({NODE}) in {ROOT} on 127.0.0.1:{AMQP_PORT}")
     _run(["chroot", str(ROOT), "rabbitmq-server", "-detached"], 60)
     if not wait_for(lambda: amqp_ok(URL, timeout=3.0)[0], timeout, interval=1.0):
@@ -187,13 +223,28 @@ def stop() -> bool:
         wait_for(lambda: not tcp_open("127.0.0.1", AMQP_PORT), 60)
 
     # the port closes before the VM has exited: unmount only once nothing runs in there
+    # (the 4.0 cluster of cluster.py runs in the same chroot: its VMs count as left)
     def gone() -> bool:
         _stop_own_epmd()
-        return not _chroot_pids()
+        return not _node_pids()
 
     stopped = wait_for(gone, 60)
-    if stopped:
-        _unmount()
-    else:
-        log(f"still running in {ROOT}: {_chroot_pids()}; left mounted")
+    if not stopped:
+        log(f"still running in {ROOT}: {_node_pids()}; left mounted")
+    elif not release_chroot():
+        log(f"other processes run in {ROOT} ({_chroot_pids()}): left mounted")
     return stopped
+
+
+def _node_pids() -> list[int]:
+    """This module's node: the chroot's processes whose environment does not name a node
+    of its own (the cluster's VMs carry RABBITMQ_NODENAME)."""
+    own = []
+    for pid in _chroot_pids():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(v.startswith(b"RABBITMQ_NODENAME=") for v in environ):
+            own.append(pid)
+    return own
