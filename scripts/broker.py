@@ -16,6 +16,10 @@ where a broker comes from); this is its command line::
                                         # start prints their masked URLs
     python scripts/broker.py cluster urls|management-urls
                                         # comma-separated, for $(...) (make cluster-test)
+    python scripts/broker.py cluster --rabbitmq 4 start|stop|urls|management-urls
+                                        # the same from RabbitMQ 4.0 in the trixie chroot,
+                                        # on :5711-5713 (default: $RMQDELAY_CLUSTER_RABBITMQ,
+                                        # else 3, the host's 3.10)
     python scripts/broker.py rmq4 start|stop
                                         # RabbitMQ 4.0 in a trixie chroot on :5682
                                         # (management :15682); start prints its URL
@@ -117,10 +121,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _cluster(argv: list[str]) -> int:
     """``cluster start`` (idempotent) prints the nodes' masked URLs; ``cluster stop``;
     ``cluster urls`` and ``cluster management-urls`` print comma-separated lists for
-    ``$(...)`` in a shell (the AMQP ones unmasked: never to a terminal)."""
+    ``$(...)`` in a shell (the AMQP ones unmasked: never to a terminal).
+    ``--rabbitmq 3|4`` (or ``--rabbitmq=4``) picks the RabbitMQ the cluster runs."""
     from brokers import cluster
 
+    usage = "usage: broker.py cluster [--rabbitmq 3|4] start|stop|urls|management-urls"
+    argv = list(argv)
+    version: str | None = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--rabbitmq="):
+            version = arg.split("=", 1)[1]
+            del argv[i]
+            break
+        if arg == "--rabbitmq":
+            if i + 1 >= len(argv):
+                error(usage)
+                return 2
+            version = argv[i + 1]
+            del argv[i : i + 2]
+            break
     try:
+        if version is not None:
+            cluster.select(version)
         if argv == ["start"]:
             started = time.monotonic()
             cluster.start()
@@ -140,7 +162,7 @@ def _cluster(argv: list[str]) -> int:
     except BrokerUnavailable as exc:
         error(str(exc))
         return 1
-    error("usage: broker.py cluster start|stop|urls|management-urls")
+    error(usage)
     return 2
 
 

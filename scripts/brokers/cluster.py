@@ -1,10 +1,21 @@
 """A local 3-node RabbitMQ cluster of Debian's ``rabbitmq-server``, on loopback only.
 
-Nodes ``rmqd-c1@localhost`` .. ``rmqd-c3@localhost``: AMQP on 127.0.0.1:5701-5703,
-management on 15701-15703, distribution ports 25701-25703, data and logs under
-:data:`BASE`. They run as the ``rabbitmq`` user with its home, so they share its Erlang
-cookie (the host node's); nodes 2 and 3 join node 1. The data is kept between runs, so
-a second start needs no joining. For the cluster tests: ``make cluster-test``.
+Two flavours, chosen by :func:`select` (``broker.py cluster --rabbitmq 4 ...``) or
+``$RMQDELAY_CLUSTER_RABBITMQ`` (``3``, the default, or ``4``):
+
+* ``3``: the host's RabbitMQ 3.10 (Debian bookworm). Nodes ``rmqd-c1@localhost`` ..
+  ``rmqd-c3@localhost``: AMQP on 127.0.0.1:5701-5703, management on 15701-15703,
+  distribution ports 25701-25703, data and logs under :data:`BASE`. They run as the
+  ``rabbitmq`` user with its home, so they share its Erlang cookie (the host node's).
+* ``4``: RabbitMQ 4.0 (Debian trixie, Erlang 27) in the chroot of :mod:`.rmq4`. Nodes
+  ``rmqd-c4-1@localhost`` .. ``rmqd-c4-3@localhost``: AMQP on 127.0.0.1:5711-5713,
+  management on 15711-15713, distribution ports 25711-25713, data and logs under
+  ``/var/lib/rmqdelay-cluster4`` inside the chroot. They run as the chroot's
+  ``rabbitmq`` user, so they share its Erlang cookie (the chroot's
+  /var/lib/rabbitmq/.erlang.cookie); the host's epmd serves them.
+
+Nodes 2 and 3 join node 1. The data is kept between runs, so a second start needs no
+joining. For the cluster tests: ``make cluster-test`` (``CLUSTER_RABBITMQ=3|4``).
 """
 
 from __future__ import annotations
@@ -15,15 +26,21 @@ import re
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from . import rmq4
 from .base import BrokerUnavailable, log, run_captured
 from .debian import DebianNode, start_node, stop_node
 from .probe import amqp_ok, tcp_open, wait_for
 
 __all__ = [
     "BASE",
+    "FLAVOURS",
     "NAMES",
+    "VERSION_ENV",
+    "Flavour",
+    "current",
     "kill",
     "management_urls",
     "node_names",
@@ -32,6 +49,7 @@ __all__ = [
     "registered",
     "restart",
     "running_nodes",
+    "select",
     "start",
     "stop",
     "stop_one",
@@ -39,33 +57,97 @@ __all__ = [
 ]
 
 BASE = Path(os.environ.get("RMQDELAY_CLUSTER_DIR", "/var/tmp/rmqdelay-cluster"))
+"""The 3.10 cluster's data (on the host)."""
 NAMES = ("rmqd-c1", "rmqd-c2", "rmqd-c3")
+"""The 3.10 cluster's node names (the selected flavour's: ``current().names``)."""
 FIRST_PORT = 5701
 MANAGEMENT_OFFSET = 10000  # 5701 -> 15701, as for every broker of this machine
+VERSION_ENV = "RMQDELAY_CLUSTER_RABBITMQ"
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """Which RabbitMQ the cluster runs, and where."""
+
+    version: str  # "3.10" or "4.0", for messages
+    names: tuple[str, ...]
+    first_port: int
+    base: Path  # the nodes' data; inside ``root`` when there is one
+    root: Path | None = None  # the chroot the nodes run in
+
+    def host_path(self, path: Path) -> Path:
+        return path if self.root is None else self.root / path.relative_to("/")
+
+
+FLAVOURS = {
+    "3": Flavour("3.10", NAMES, FIRST_PORT, BASE),
+    "4": Flavour(
+        "4.0",
+        ("rmqd-c4-1", "rmqd-c4-2", "rmqd-c4-3"),
+        5711,
+        Path("/var/lib/rmqdelay-cluster4"),
+        root=rmq4.ROOT,
+    ),
+}
+_ALIASES = {"3": "3", "3.10": "3", "4": "4", "4.0": "4"}
+_selected: list[str] = []
+
+
+def select(version: str) -> Flavour:
+    """Aim this module's functions at the cluster of RabbitMQ *version* (3, 3.10, 4, 4.0)."""
+    try:
+        key = _ALIASES[version.strip()]
+    except KeyError:
+        raise BrokerUnavailable(
+            f"no cluster of RabbitMQ {version!r}: say 3 (3.10, the host's) or 4 (4.0, chroot)"
+        ) from None
+    _selected[:] = [key]
+    return FLAVOURS[key]
+
+
+def current() -> Flavour:
+    """The selected flavour: :func:`select`'s, else ``$RMQDELAY_CLUSTER_RABBITMQ``, else 3."""
+    if not _selected:
+        select(os.environ.get(VERSION_ENV, "").strip() or "3")
+    return FLAVOURS[_selected[0]]
 
 
 @functools.cache
-def nodes() -> tuple[DebianNode, ...]:
-    """The three nodes, their files written under :data:`BASE` on first use."""
+def _nodes(flavour: Flavour) -> tuple[DebianNode, ...]:
+    if flavour.root is not None:
+        rmq4.ensure_chroot()  # the node files go inside it
     return tuple(
         DebianNode.scratch(
-            BASE, name, FIRST_PORT + i, management_port=FIRST_PORT + i + MANAGEMENT_OFFSET
+            flavour.base,
+            name,
+            flavour.first_port + i,
+            management_port=flavour.first_port + i + MANAGEMENT_OFFSET,
+            root=flavour.root,
         )
-        for i, name in enumerate(NAMES)
+        for i, name in enumerate(flavour.names)
     )
+
+
+def nodes() -> tuple[DebianNode, ...]:
+    """The three nodes, their files written under the flavour's base on first use."""
+    return _nodes(current())
 
 
 def urls() -> list[str]:
     """The AMQP URLs, guest/guest included: never print them unmasked."""
-    return [node.url for node in nodes()]
+    first = current().first_port
+    return [f"amqp://guest:guest@127.0.0.1:{first + i}/%2F" for i in range(len(current().names))]
 
 
 def management_urls() -> list[str]:
-    return [f"http://127.0.0.1:{FIRST_PORT + i + MANAGEMENT_OFFSET}" for i in range(len(NAMES))]
+    first = current().first_port
+    return [
+        f"http://127.0.0.1:{first + i + MANAGEMENT_OFFSET}" for i in range(len(current().names))
+    ]
 
 
 def node_names() -> list[str]:
-    return [f"{name}@localhost" for name in NAMES]
+    return [f"{name}@localhost" for name in current().names]
 
 
 def _ctl(node: DebianNode, *args: str, timeout: float = 120) -> str:
@@ -113,12 +195,16 @@ def _start_together(to_start: list[DebianNode]) -> None:
 
 def start() -> list[str]:
     """Start what is not running, join nodes 2 and 3 to node 1, wait for 3 running."""
-    BASE.mkdir(parents=True, exist_ok=True)
-    os.chmod(BASE, 0o755)  # the rabbitmq user must reach its node's directories
+    flavour = current()
+    if flavour.root is not None:
+        rmq4.prepare_chroot()  # built, mounted, with the open-files limit
+    base = flavour.host_path(flavour.base)
+    base.mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o755)  # the rabbitmq user must reach its node's directories
     all_nodes = nodes()
     first, *others = all_nodes
     if all(_up(n) for n in all_nodes) and running_nodes(0) == len(all_nodes):
-        log(f"cluster of {len(all_nodes)} already running")
+        log(f"cluster of {len(all_nodes)} (RabbitMQ {flavour.version}) already running")
         return urls()
     started = time.monotonic()
     _start_together([n for n in all_nodes if not _up(n)])
@@ -132,20 +218,24 @@ def start() -> list[str]:
         _ctl(node, "start_app")
     if not wait_for(lambda: running_nodes(0) == len(all_nodes), 120, interval=1.0):
         raise BrokerUnavailable(f"the cluster did not reach {len(all_nodes)} running nodes")
-    log(f"cluster of {len(all_nodes)} up in {time.monotonic() - started:.0f}s")
+    log(
+        f"cluster of {len(all_nodes)} (RabbitMQ {flavour.version}) up in "
+        f"{time.monotonic() - started:.0f}s"
+    )
     return urls()
 
 
 def pid(node: DebianNode) -> int | None:
     """The node's Erlang VM: the beam.smp whose environment names the node (3.10 keeps
-    the name out of the command line)."""
+    the name out of the command line; in the chroot the environment passes through su)."""
     wanted = f"RABBITMQ_NODENAME={node.node_name}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if b"beam.smp" not in (entry / "cmdline").read_bytes():
-                continue
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"beam.smp" not in cmdline or b"rabbitmqctl" in cmdline:
+                continue  # the CLI's VM carries the node's environment too
             if wanted in (entry / "environ").read_bytes().split(b"\0"):
                 return int(entry.name)
         except OSError:
@@ -160,7 +250,7 @@ def registered() -> list[str]:
     except OSError:
         return []
     names = set(re.findall(r"^name (\S+) at port", out, re.MULTILINE))
-    return [name for name in NAMES if name in names]
+    return [name for name in current().names if name in names]
 
 
 def kill(index: int) -> None:
@@ -175,8 +265,9 @@ def kill(index: int) -> None:
 def restart(index: int) -> None:
     """Start one node again (after kill or stop) and wait for the cluster to be whole."""
     start_node(nodes()[index])
-    if not wait_for(lambda: running_nodes(index) == len(NAMES), 120, interval=1.0):
-        raise BrokerUnavailable(f"{NAMES[index]} restarted but the cluster is not whole")
+    names = current().names
+    if not wait_for(lambda: running_nodes(index) == len(names), 120, interval=1.0):
+        raise BrokerUnavailable(f"{names[index]} restarted but the cluster is not whole")
 
 
 def stop_one(index: int) -> None:
@@ -184,7 +275,12 @@ def stop_one(index: int) -> None:
 
 
 def stop() -> bool:
-    """Stop every node, node 1 last; True when no VM of theirs is left nor named by epmd."""
+    """Stop every node, node 1 last; True when no VM of theirs is left nor named by epmd.
+    In the chroot, /proc and /dev are unmounted once nothing else runs there (the single
+    node of :mod:`.rmq4` may)."""
+    flavour = current()
+    if flavour.root is not None and not (flavour.root / "etc/passwd").exists():
+        return True  # no chroot: nothing of this cluster can run
     for node in reversed(nodes()):
         if _up(node) or pid(node) is not None:
             stop_node(node)
@@ -197,4 +293,6 @@ def stop() -> bool:
     gone = wait_for(lambda: all(pid(n) is None for n in nodes()) and not registered(), 30)
     if not gone:
         log(f"left behind: VMs {[pid(n) for n in nodes()]}, epmd names {registered()}")
+    elif flavour.root is not None and not rmq4.release_chroot():
+        log(f"{flavour.root} left mounted: other processes run there {rmq4.chroot_pids()}")
     return gone
