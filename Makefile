@@ -10,6 +10,7 @@
 #   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
 #   make cluster  a local 3-node cluster on :5701-5703, its URLs printed masked (cluster-stop)
 #   make cluster-test  kill -9 and rolling-restart tests on a local 3-node cluster
+#                 (CLUSTER_RABBITMQ=4: RabbitMQ 4.0 from the trixie chroot, on :5711-5713)
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make clean    caches and build output (distclean also removes .venv)
@@ -94,18 +95,24 @@ rmq4-stop:
 # A local 3-node cluster of Debian's rabbitmq-server on 127.0.0.1:5701-5703 (management
 # 15701-15703), data under /var/tmp/rmqdelay-cluster; cluster-test starts it, runs the
 # failover tests (kill -9 of a node, a rolling restart; about 2 minutes) and stops it.
+# CLUSTER_RABBITMQ=4: the same from RabbitMQ 4.0 in the trixie chroot of `make test-rmq4`
+# (nodes rmqd-c4-1..3 on 5711-5713, management 15711-15713; the chroot is built once).
+CLUSTER_RABBITMQ ?= 3
+CLUSTER = $(PY) scripts/broker.py cluster --rabbitmq $(CLUSTER_RABBITMQ)
+
 cluster: venv
-	$(PY) scripts/broker.py cluster start
+	$(CLUSTER) start
 
 cluster-stop:
-	$(PY) scripts/broker.py cluster stop
+	$(CLUSTER) stop
 
 cluster-test: venv
-	@$(PY) scripts/broker.py cluster start || { $(PY) scripts/broker.py cluster stop; exit 1; }; \
-	export RMQDELAY_CLUSTER_URLS="$$($(PY) scripts/broker.py cluster urls)"; \
-	export RMQDELAY_CLUSTER_MANAGEMENT_URLS="$$($(PY) scripts/broker.py cluster management-urls)"; \
+	@$(CLUSTER) start || { $(CLUSTER) stop; exit 1; }; \
+	export RMQDELAY_CLUSTER_RABBITMQ=$(CLUSTER_RABBITMQ); \
+	export RMQDELAY_CLUSTER_URLS="$$($(CLUSTER) urls)"; \
+	export RMQDELAY_CLUSTER_MANAGEMENT_URLS="$$($(CLUSTER) management-urls)"; \
 	rc=0; $(VENV)/bin/pytest -q -s -p no:cacheprovider -m cluster tests/cluster $(PYTEST_ARGS) || rc=$$?; \
-	$(PY) scripts/broker.py cluster stop || rc=1; \
+	$(CLUSTER) stop || rc=1; \
 	exit $$rc
 
 # The oldest supported Python (3.10), when one is installed: the pure core, the

@@ -3,8 +3,10 @@ name ``local_cluster``).
 
 ``make cluster-test`` starts the cluster (scripts/broker.py cluster start) and exports
 its nodes as ``RMQDELAY_CLUSTER_URLS`` and ``RMQDELAY_CLUSTER_MANAGEMENT_URLS``
-(comma-separated, in node order); without them the fixture looks for ``make cluster``'s
-nodes. Killing and restarting a node works on those local nodes only.
+(comma-separated, in node order), and ``RMQDELAY_CLUSTER_RABBITMQ`` (3 or 4: which of
+scripts/brokers/cluster.py's clusters it is; without it, the one whose URLs those are);
+without the URLs the fixture looks for ``make cluster``'s nodes. Killing and restarting
+a node works on those local nodes only.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Cluster:
         )
 
     def index_of(self, node_name: str) -> int:
-        """The index of ``rmqd-c2@localhost`` and the like in :attr:`urls`."""
+        """The index of ``rmqd-c2@localhost`` (``rmqd-c4-2@localhost``) in :attr:`urls`."""
         return local_nodes.node_names().index(node_name)
 
     def _local(self, index: int) -> int:
@@ -94,9 +96,23 @@ class Cluster:
         return local_nodes.running_nodes(self._local(index))
 
 
+def _select_local_cluster() -> None:
+    """Aim scripts/brokers/cluster.py at the local cluster the URLs name (3.10 or 4.0)
+    when $RMQDELAY_CLUSTER_RABBITMQ does not say which."""
+    wanted = _listed(URLS_ENV, [])
+    if os.environ.get(local_nodes.VERSION_ENV, "").strip() or not wanted:
+        return
+    for version in local_nodes.FLAVOURS:
+        local_nodes.select(version)
+        if local_nodes.urls() == wanted:
+            return
+    local_nodes.select("3")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     """The cluster of ``make cluster-test``; skips (fails under CI) when it is not up."""
+    _select_local_cluster()
     found = Cluster(
         urls=_listed(URLS_ENV, local_nodes.urls()),
         management=_listed(MANAGEMENT_ENV, local_nodes.management_urls()),
