@@ -25,7 +25,7 @@ from rmqdelay.amqp.connections import connect_blocking
 from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.messages import DESTINATION, DUE_AT
-from rmqdelay.errors import PublisherClosedError, PublishNackedError
+from rmqdelay.errors import BatchPublishError, PublisherClosedError, PublishNackedError
 
 LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
 
@@ -165,6 +165,51 @@ async def test_nack_raises(amqp_url: str, prefix: str) -> None:
     async with AsyncPublisher(settings) as apublisher:
         with pytest.raises(PublishNackedError):
             await apublisher.publish("full", b"x", delay=0)
+
+
+async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, orders: str) -> None:
+    """Both publishers send a batch as windows of frames written at once: a message the
+    broker returns fails alone, by its id, and the others are confirmed."""
+    for kind in ("sync", "async"):
+        requests = [
+            {"destination": orders, "body": b"a", "delay": 0, "message_id": f"{kind}-a"},
+            {"destination": "ghost", "body": b"b", "delay": 0, "message_id": f"{kind}-ghost"},
+            {"destination": orders, "body": b"c", "delay": "30s", "message_id": f"{kind}-c"},
+        ]
+        with pytest.raises(BatchPublishError) as info:
+            if kind == "sync":
+                with Publisher(rmq) as publisher:
+                    publisher.core.known_destinations.add("ghost")
+                    publisher.publish_many(requests)
+            else:
+                async with AsyncPublisher(rmq) as apublisher:
+                    apublisher.core.known_destinations.add("ghost")
+                    await apublisher.publish_many(requests)
+        assert list(info.value.failures) == [f"{kind}-ghost"], kind
+        assert isinstance(info.value.failures[f"{kind}-ghost"], UnroutableError)
+        assert info.value.confirmed == 2
+
+
+async def test_a_nacked_batch_fails_message_by_message(amqp_url: str, prefix: str) -> None:
+    settings = Settings(
+        url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic", schedule_journal=False
+    )
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    connection.channel().queue_declare(
+        work_queue(settings, "full"),
+        arguments={"x-max-length": 1, "x-overflow": "reject-publish"},
+    )
+    connection.close()
+    requests = [{"destination": "full", "body": str(i), "delay": 0} for i in range(5)]
+    with Publisher(settings) as publisher, pytest.raises(BatchPublishError) as sync_info:
+        publisher.publish_many(requests)
+    async with AsyncPublisher(settings) as apublisher:
+        with pytest.raises(BatchPublishError) as async_info:
+            await apublisher.publish_many(requests)
+    assert sync_info.value.confirmed == 1 and len(sync_info.value.failures) == 4
+    assert async_info.value.confirmed == 0 and len(async_info.value.failures) == 5
+    for failure in [*sync_info.value.failures.values(), *async_info.value.failures.values()]:
+        assert isinstance(failure, PublishNackedError)
 
 
 def test_closed_connection_raises_not_success(
