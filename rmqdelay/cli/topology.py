@@ -99,7 +99,7 @@ def apply(
     config: ConfigOpt = None,
 ) -> None:
     """Declare every tier, exchange, binding, the parking queue and the work queues."""
-    from ..amqp.topology_manager import PLACEMENT_NOTE, TopologyManager
+    from ..amqp.topology_manager import DELIVERY_LIMIT_NOTE, PLACEMENT_NOTE, TopologyManager
 
     settings = settings_from(url, prefix, config)
     with TopologyManager(settings) as manager:
@@ -112,6 +112,8 @@ def apply(
     )
     if manager.placement_kept:
         out().print(f"note: {len(manager.placement_kept)} existing queue(s) were {PLACEMENT_NOTE}")
+    if manager.delivery_limit_kept:
+        out().print(f"note: the parking queue was {DELIVERY_LIMIT_NOTE}")
 
 
 @app.command(
