@@ -253,25 +253,44 @@ def proc_cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def broker_pid() -> int | None:
-    """The pid of the local RabbitMQ node (``beam.smp``), if it runs on this machine."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    for entry in entries:
+def broker_pid(url: str | None = None) -> int | None:
+    """The pid of the local RabbitMQ node (``beam.smp``) that listens on ``url``'s port
+    ($RMQDELAY_URL by default): this machine may run several nodes."""
+    from urllib.parse import urlsplit
+
+    port = urlsplit(url or os.environ.get("RMQDELAY_URL", DEFAULT_AMQP_URL)).port or 5672
+    inodes = _listening_inodes(port)
+    beams = []
+    for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/comm", encoding="ascii") as fh:
                 if fh.read().strip() != "beam.smp":
                     continue
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                if b"rabbit" in fh.read():
+            beams.append(int(entry))
+            for fd in os.listdir(f"/proc/{entry}/fd"):
+                if os.readlink(f"/proc/{entry}/fd/{fd}") in inodes:
                     return int(entry)
         except OSError:
             continue
-    return None
+    return beams[0] if len(beams) == 1 else None
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """``socket:[inode]`` of every TCP socket listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as fh:
+                next(fh)
+                for line in fh:
+                    fields = line.split()
+                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        found.add(f"socket:[{fields[9]}]")
+        except OSError:
+            continue
+    return found
 
 
 class CpuMeter:

@@ -1,8 +1,17 @@
-"""Delayed publish with confirms against raw aio-pika to one plain queue, side by side.
+"""Publishing with confirms: rmqdelay's publishers against the raw clients, side by side.
 
-Both sides send the same bodies, persistent, mandatory, with confirms and the same
-window of messages in flight, alternating in one run so that a busy moment of the
-machine hits both. Prints the rates, the median of the repeats and their ratio.
+Every variant sends the same 100-byte bodies, persistent, mandatory, with confirms and
+the same window of messages in flight, alternating in one run so that a busy moment of
+the machine hits all of them. The references publish into one plain queue:
+
+- raw pika with pipelined confirms (the limit for a Python client), for the sync
+  publisher, and raw pika waiting for each confirm, for a single ``publish()``;
+- raw aio-pika, for the async publisher; raw aiormq (aio-pika's transport) beside it.
+
+Diagnostic rows split a gap: raw pika sending rmqdelay's own planned messages into the
+tiers (the broker's cost of the tiers, without rmqdelay's client work), and rmqdelay
+with delay 0 (one work queue: rmqdelay's client work without the tiers). Prints rates,
+medians, each row's ratio to its reference, and client and broker CPU per message.
 
     python -m bench.publish_rate --count 5000 --repeats 3 --queue-type quorum
 """
@@ -17,17 +26,25 @@ import random
 import statistics
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aio_pika
+import aiormq
+import pika
+import pika.channel
+import pika.frame
+from pamqp.commands import Basic
 
 from bench.common import CpuMeter, broker_pid, idle_cpu_rate
 from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyManager
-from rmqdelay.core.outgoing import Outgoing, PublisherCore
+from rmqdelay.amqp.publisher import pika_properties
+from rmqdelay.core.outgoing import PublisherCore
 
 BODY = b"x" * 100
+SINGLE_SHARE = 5
+"""The single-publish rows send count / SINGLE_SHARE messages: one round trip each."""
 
 
 class Timed:
@@ -43,116 +60,225 @@ class Timed:
 
 
 LAST_CPU_US: dict[str, float] = {}
-"""Client CPU microseconds per message of the last run of each kind (raw, async, sync)."""
+"""Client CPU microseconds per message of the last run of each kind."""
 
 
-async def raw_rate(url: str, queue_type: str, count: int, window: int) -> float:
-    """The limit: confirmed, mandatory, persistent publishes to one plain queue."""
+def _timed(kind: str, count: int, t: Timed) -> float:
+    LAST_CPU_US[kind] = t.cpu / count * 1e6
+    return count / t.wall
+
+
+# ---------------------------------------------------------------------- raw pika
+
+Item = tuple[str, str, pika.BasicProperties | None, bytes]
+"""exchange, routing key, properties (None: persistent, a fresh message id), body."""
+
+
+def _plain_items(name: str, count: int) -> list[Item]:
+    return [("", name, None, BODY) for _ in range(count)]
+
+
+def _pika_publish(
+    url: str,
+    items: Sequence[Item],
+    window: int,
+    *,
+    declare: str | None = None,
+    queue_type: str = "quorum",
+    kind: str,
+) -> float:
+    """Raw pika, pipelined confirms: publish on the channel, pump the I/O loop while
+    ``window`` confirms are outstanding (the technique rmqdelay's sync publisher uses)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        if declare:
+            channel.queue_declare(declare, durable=True, arguments={"x-queue-type": queue_type})
+        impl: pika.channel.Channel = channel._impl  # type: ignore[attr-defined]
+        pending: set[int] = set()
+        failed: list[str] = []
+
+        def on_confirm(frame: pika.frame.Method[Any]) -> None:
+            method = frame.method
+            done = (
+                [t for t in pending if t <= method.delivery_tag]
+                if method.multiple
+                else [method.delivery_tag]
+            )
+            pending.difference_update(done)
+            if isinstance(method, pika.spec.Basic.Nack):
+                failed.append("nack")
+
+        ready: list[bool] = []
+        impl.confirm_delivery(ack_nack_callback=on_confirm, callback=lambda _f: ready.append(True))
+        impl.add_on_return_callback(lambda *_a: failed.append("returned"))
+        loop = connection._impl.ioloop  # type: ignore[attr-defined]
+
+        def pump(until: Callable[[], bool]) -> None:
+            while not until():
+                loop.poll()
+                loop.process_timeouts()
+
+        pump(lambda: bool(ready))
+        with Timed() as t:
+            for tag, (exchange, key, props, body) in enumerate(items, 1):
+                if props is None:
+                    props = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
+                impl.basic_publish(exchange, key, body, props, True)
+                pending.add(tag)
+                if len(pending) >= window:
+                    pump(lambda: len(pending) < window)
+            pump(lambda: not pending)
+        if failed:
+            raise RuntimeError(f"raw pika: {len(failed)} not confirmed ({failed[0]})")
+        if declare:
+            channel.queue_delete(declare)
+        return _timed(kind, len(items), t)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def raw_pika_rate(url: str, count: int, window: int, queue_type: str = "quorum") -> float:
+    name = f"bench-plain-{uuid.uuid4().hex[:6]}"
+    items = _plain_items(name, count)
+    return _pika_publish(url, items, window, declare=name, queue_type=queue_type, kind="pika")
+
+
+def raw_pika_single_rate(url: str, count: int, queue_type: str = "quorum") -> float:
+    """One confirm per publish: BlockingChannel waits for each, as ``publish()`` does."""
+    name = f"bench-plain-{uuid.uuid4().hex[:6]}"
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+        channel.confirm_delivery()
+        with Timed() as t:
+            for _ in range(count):
+                props = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
+                channel.basic_publish("", name, BODY, props, mandatory=True)
+        channel.queue_delete(name)
+        return _timed("pika-single", count, t)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+def raw_pika_to_tiers_rate(settings: Settings, count: int, window: int) -> float:
+    """Diagnostic: raw pika sending exactly rmqdelay's messages, planned beforehand.
+
+    Same exchanges, routing keys, property bytes and order (by due time) as the sync
+    publisher, none of its client work: the broker's cost of the tiers, separated.
+    """
+    core = PublisherCore(settings.layout)
+    batch = [core.prepare(**r) for r in _requests(count, 3)]
+    outs = [core.finalize(batch[i]) for i in core.send_order(batch)]
+    items = [
+        (o.exchange, o.routing_key, pika_properties(o.prepared), o.prepared.body) for o in outs
+    ]
+    return _pika_publish(settings.url, items, window, kind="pika-tiers")
+
+
+# ---------------------------------------------------------------------- raw asyncio
+
+
+async def raw_aio_pika_rate(url: str, count: int, window: int, queue_type: str = "quorum") -> float:
+    """Confirmed, mandatory, persistent publishes to one plain queue, with aio-pika."""
     name = f"bench-plain-{uuid.uuid4().hex[:6]}"
     connection = await aio_pika.connect(url)
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        try:
-            return await _raw_publish(channel, name, queue_type, count, window)
-        finally:  # a fresh channel: the publishing one may be closed after an error
-            cleanup = await connection.channel()
-            await cleanup.queue_delete(name)
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
+        exchange = channel.default_exchange
+
+        async def one() -> None:
+            message = aio_pika.Message(
+                BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=str(uuid.uuid4())
+            )
+            await exchange.publish(message, routing_key=name, mandatory=True)
+
+        with Timed() as t:
+            for base in range(0, count, window):
+                await asyncio.gather(*(one() for _ in range(base, min(count, base + window))))
+        cleanup = await connection.channel()
+        await cleanup.queue_delete(name)
+        return _timed("aio-pika", count, t)
     finally:
         await connection.close()
 
 
-async def _raw_publish(
-    channel: aio_pika.abc.AbstractChannel, name: str, queue_type: str, count: int, window: int
-) -> float:
-    await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
-    exchange = channel.default_exchange
+async def raw_aiormq_rate(url: str, count: int, window: int, queue_type: str = "quorum") -> float:
+    """aio-pika's transport alone: ``aiormq.Channel.basic_publish`` without waiting for
+    each write to drain, the confirms awaited a window at a time."""
+    name = f"bench-plain-{uuid.uuid4().hex[:6]}"
+    connection = await aiormq.connect(url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
 
-    async def one(i: int) -> None:
-        message = aio_pika.Message(
-            BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=str(uuid.uuid4())
-        )
-        await exchange.publish(message, routing_key=name, mandatory=True)
+        async def one() -> None:
+            props = Basic.Properties(delivery_mode=2, message_id=str(uuid.uuid4()))
+            publish: Any = channel.basic_publish  # ``wait`` is aiormq 7's, not in its abc
+            await publish(BODY, routing_key=name, properties=props, mandatory=True, wait=False)
 
-    with Timed() as t:
-        for base in range(0, count, window):
-            await asyncio.gather(*(one(i) for i in range(base, min(count, base + window))))
-    LAST_CPU_US["raw"] = t.cpu / count * 1e6
-    return count / t.wall
+        with Timed() as t:
+            for base in range(0, count, window):
+                await asyncio.gather(*(one() for _ in range(base, min(count, base + window))))
+        await channel.queue_delete(name)
+        return _timed("aiormq", count, t)
+    finally:
+        await connection.close()
 
 
-def _requests(count: int, seed: int) -> list[dict[str, Any]]:
+# ---------------------------------------------------------------------- rmqdelay
+
+
+def _requests(count: int, seed: int, delay: bool = True) -> list[dict[str, Any]]:
     rng = random.Random(seed)  # long delays, so nothing is delivered during the run
     return [
-        {"destination": "bench", "body": BODY, "delay": rng.uniform(600, 3600)}
+        {"destination": "bench", "body": BODY, "delay": rng.uniform(600, 3600) if delay else 0}
         for _ in range(count)
     ]
 
 
 async def async_rate(
-    settings: Settings, count: int, window: int, *, delay: bool = True, kind: str = "async"
+    settings: Settings, count: int, window: int, *, kind: str, delay: bool = True
 ) -> float:
     async with AsyncPublisher(settings, window=window) as publisher:
-        requests = _requests(count, 1)
-        if not delay:
-            for request in requests:
-                request["delay"] = 0
+        requests = _requests(count, 1, delay)
         with Timed() as t:
             await publisher.publish_many(requests)
-        LAST_CPU_US[kind] = t.cpu / count * 1e6
-        return count / t.wall
+        return _timed(kind, count, t)
 
 
-def sync_rate(settings: Settings, count: int, window: int) -> float:
+def sync_rate(
+    settings: Settings, count: int, window: int, *, kind: str, delay: bool = True
+) -> float:
     with Publisher(settings, window=window) as publisher:
-        requests = _requests(count, 2)
+        requests = _requests(count, 2, delay)
         with Timed() as t:
             publisher.publish_many(requests)
-        LAST_CPU_US["sync"] = t.cpu / count * 1e6
-        return count / t.wall
+        return _timed(kind, count, t)
 
 
-async def raw_to_tiers_rate(settings: Settings, count: int, window: int) -> float:
-    """Diagnostic: raw aio-pika sending exactly rmqdelay's messages (planned beforehand).
-
-    Same exchange, routing keys, headers, properties and order (by due time) as the async
-    publisher, none of its per-message work: the broker-side cost of the tiers, separated
-    from the client's.
-    """
-    core = PublisherCore(settings.layout)
-    batch = [core.prepare(**r) for r in _requests(count, 3)]
-    outs = [core.finalize(batch[i]) for i in core.send_order(batch)]
-    connection = await aio_pika.connect(settings.url)
-    try:
-        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        exchanges = {
-            name: await channel.get_exchange(name, ensure=False)
-            for name in {o.exchange for o in outs}
-        }
-
-        async def one(out: Outgoing) -> None:
-            message = aio_pika.Message(
-                out.prepared.body,
-                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                message_id=out.message_id,
-                headers=out.headers,
-                content_type=out.prepared.content_type,
-            )
-            await exchanges[out.exchange].publish(
-                message, routing_key=out.routing_key, mandatory=True
-            )
-
+def sync_single_rate(settings: Settings, count: int, kind: str = "sync-single") -> float:
+    """``publish()`` one message at a time: one confirm per call."""
+    with Publisher(settings) as publisher:
+        requests = _requests(count, 4)
         with Timed() as t:
-            for base in range(0, count, window):
-                await asyncio.gather(*(one(o) for o in outs[base : base + window]))
-        LAST_CPU_US["raw-tiers"] = t.cpu / count * 1e6
-        return count / t.wall
-    finally:
-        await connection.close()
+            for request in requests:
+                publisher.publish(**request)
+        return _timed(kind, count, t)
 
 
-REFERENCE = "raw aio-pika"
+RAW_PIKA = "raw pika"
+RAW_AIO_PIKA = "raw aio-pika"
+RAW_PIKA_SINGLE = "raw pika, one confirm per publish"
+REFERENCE = RAW_AIO_PIKA
+"""Kept for readers of older result files: their single reference."""
 DIAGNOSTICS = (
-    "diag: raw aio-pika, rmqdelay's messages to the tiers",
+    "diag: raw pika, rmqdelay's messages to the tiers",
+    "diag: rmqdelay sync, delay 0",
     "diag: rmqdelay async, delay 0",
 )
 
@@ -167,63 +293,138 @@ async def run(
     *,
     diagnostics: bool = False,
 ) -> dict[str, Any]:
-    """Every variant once per repeat, alternating; medians and ratios to raw aio-pika.
+    """Every variant once per repeat, alternating; medians and ratios to each reference.
 
-    ``diagnostics`` adds two variants that split the async publisher's gap: raw aio-pika
-    sending rmqdelay's own messages (broker side) and the async publisher with delay 0,
-    straight to the work queue (client side, no tiers).
+    ``diagnostics`` adds rows that split a gap (see the module docstring) and raw aiormq.
     """
-    settings = Settings(
+    on = Settings(
         url=url,
         prefix=f"bench-rmqdelay-{uuid.uuid4().hex[:6]}",
         queue_type=queue_type,
         destinations=[],
     )
-    variants: dict[str, tuple[str, Callable[[int], Awaitable[float]]]] = {
-        REFERENCE: ("raw", lambda n: raw_rate(url, queue_type, n, window)),
-        "rmqdelay async": ("async", lambda n: async_rate(settings, n, window)),
-        "rmqdelay sync": ("sync", lambda n: asyncio.to_thread(sync_rate, settings, n, window)),
+    off = on.model_copy(update={"schedule_journal": False})
+    single = max(1, count // SINGLE_SHARE)
+    thread = asyncio.to_thread
+    # name -> (kind for the CPU figure, reference row, count, the run)
+    variants: dict[str, tuple[str, str, int, Callable[[int], Awaitable[float]]]] = {
+        RAW_PIKA: (
+            "pika",
+            RAW_PIKA,
+            count,
+            lambda n: thread(raw_pika_rate, url, n, window, queue_type),
+        ),
+        RAW_AIO_PIKA: (
+            "aio-pika",
+            RAW_AIO_PIKA,
+            count,
+            lambda n: raw_aio_pika_rate(url, n, window, queue_type),
+        ),
+        "rmqdelay sync": (
+            "sync",
+            RAW_PIKA,
+            count,
+            lambda n: thread(sync_rate, on, n, window, kind="sync"),
+        ),
+        "rmqdelay sync, journal off": (
+            "sync-off",
+            RAW_PIKA,
+            count,
+            lambda n: thread(sync_rate, off, n, window, kind="sync-off"),
+        ),
+        "rmqdelay async": (
+            "async",
+            RAW_AIO_PIKA,
+            count,
+            lambda n: async_rate(on, n, window, kind="async"),
+        ),
+        "rmqdelay async, journal off": (
+            "async-off",
+            RAW_AIO_PIKA,
+            count,
+            lambda n: async_rate(off, n, window, kind="async-off"),
+        ),
+        RAW_PIKA_SINGLE: (
+            "pika-single",
+            RAW_PIKA_SINGLE,
+            single,
+            lambda n: thread(raw_pika_single_rate, url, n, queue_type),
+        ),
+        "rmqdelay sync publish(), one at a time": (
+            "sync-single",
+            RAW_PIKA_SINGLE,
+            single,
+            lambda n: thread(sync_single_rate, on, n),
+        ),
     }
+    variants["rmqdelay sync publish(), journal off"] = (
+        "sync-single-off",
+        RAW_PIKA_SINGLE,
+        single,
+        lambda n: thread(sync_single_rate, off, n, kind="sync-single-off"),
+    )
     if diagnostics:
-        variants[DIAGNOSTICS[0]] = ("raw-tiers", lambda n: raw_to_tiers_rate(settings, n, window))
+        variants["raw aiormq"] = (
+            "aiormq",
+            RAW_AIO_PIKA,
+            count,
+            lambda n: raw_aiormq_rate(url, n, window, queue_type),
+        )
+        variants[DIAGNOSTICS[0]] = (
+            "pika-tiers",
+            RAW_PIKA,
+            count,
+            lambda n: thread(raw_pika_to_tiers_rate, on, n, window),
+        )
         variants[DIAGNOSTICS[1]] = (
+            "sync-0",
+            RAW_PIKA,
+            count,
+            lambda n: thread(sync_rate, on, n, window, kind="sync-0", delay=False),
+        )
+        variants[DIAGNOSTICS[2]] = (
             "async-0",
-            lambda n: async_rate(settings, n, window, delay=False, kind="async-0"),
+            RAW_AIO_PIKA,
+            count,
+            lambda n: async_rate(on, n, window, kind="async-0", delay=False),
         )
     rates: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
     broker_cpu: dict[str, list[float | None]] = {name: [] for name in variants}
-    pid = broker_pid()
-    with TopologyManager(settings) as manager:
+    pid = broker_pid(url)
+    with TopologyManager(on) as manager:
         manager.apply(["bench"])
         try:
             if warmup:  # untimed: connections, channels and the fresh queues warm up
-                for _kind, fn in variants.values():
-                    await fn(warmup)
+                for _kind, _ref, n, fn in variants.values():
+                    await fn(min(n, warmup))
             for _ in range(repeats):
-                for name, (kind, fn) in variants.items():
+                for name, (kind, _ref, n, fn) in variants.items():
                     # The broker is shared: subtract what it burns with nothing from us.
                     idle = await idle_cpu_rate(pid)
                     with CpuMeter({"broker": pid}) as meter:
-                        rates[name].append(round(await fn(count), 1))
+                        rates[name].append(round(await fn(n), 1))
                     cpu[name].append(round(LAST_CPU_US[kind], 1))
                     used = meter.result.get("broker_cpu_s")
                     if used is not None and idle is not None:
                         used -= idle * meter.result["wall_s"]
-                    broker_cpu[name].append(None if used is None else round(used / count * 1e6, 1))
+                    broker_cpu[name].append(None if used is None else round(used / n * 1e6, 1))
         finally:
             manager.destroy(["bench"], force=True)
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    reference = medians[REFERENCE]
+    reference_of = {name: ref for name, (_k, ref, _n, _f) in variants.items()}
     return {
         "queue_type": queue_type,
         "count": count,
+        "single_count": single,
         "repeats": repeats,
         "window": window,
         "warmup": warmup,
         "rates": rates,
         "median": medians,
-        "ratio": {name: value / reference for name, value in medians.items()},
+        "reference_of": reference_of,
+        "ratio": {name: medians[name] / medians[reference_of[name]] for name in medians},
+        "ratio_to_raw_pika": {name: medians[name] / medians[RAW_PIKA] for name in medians},
         "client_cpu_us_per_msg": cpu,
         "client_cpu_us_per_msg_median": {n: statistics.median(v) for n, v in cpu.items()},
         "broker_cpu_us_per_msg": broker_cpu,
@@ -258,7 +459,8 @@ def main() -> None:
     for name, median in result["median"].items():
         runs = ", ".join(f"{r:,.0f}" for r in result["rates"][name])
         print(
-            f"  {name:52} median {median:8,.0f} msg/s  ratio {result['ratio'][name]:.2f}  "
+            f"  {name:52} median {median:8,.0f} msg/s  ratio {result['ratio'][name]:.2f} "
+            f"(to {result['reference_of'][name]})  "
             f"cpu {result['client_cpu_us_per_msg_median'][name]:.0f} us/msg, broker "
             f"{result['broker_cpu_us_per_msg_median'][name] or 0:.0f} us/msg  ({runs})"
         )

@@ -43,7 +43,7 @@ from bench.common import (
     now_ms,
 )
 from bench.peers.rmqdelay_peer import RmqdelayPeer
-from bench.publish_rate import LAST_CPU_US, raw_rate
+from bench.publish_rate import LAST_CPU_US, raw_aio_pika_rate
 from rmqdelay.amqp.management import ManagementApi
 
 RABBIT_DATA = os.environ.get("BENCH_RABBIT_DATA", "/var/lib/rabbitmq/mnesia")
@@ -139,8 +139,8 @@ def _progress(msg: str) -> None:
 async def _reference(url: str, chunks: int, chunk: int, queue_type: str) -> dict[str, Any]:
     rates, cpu = [], []
     for _ in range(chunks):
-        rates.append(round(await raw_rate(url, queue_type, chunk, 500), 1))
-        cpu.append(round(LAST_CPU_US["raw"], 1))
+        rates.append(round(await raw_aio_pika_rate(url, chunk, 500, queue_type), 1))
+        cpu.append(round(LAST_CPU_US["aio-pika"], 1))
     return {"rates": rates, "median": statistics.median(rates), "cpu_us_per_msg": cpu}
 
 
