@@ -171,7 +171,7 @@ async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, o
     """Both publishers send a batch as windows of frames written at once: a message the
     broker returns fails alone, by its id, and the others are confirmed."""
     for kind in ("sync", "async"):
-        requests = [
+        requests: list[dict[str, object]] = [
             {"destination": orders, "body": b"a", "delay": 0, "message_id": f"{kind}-a"},
             {"destination": "ghost", "body": b"b", "delay": 0, "message_id": f"{kind}-ghost"},
             {"destination": orders, "body": b"c", "delay": "30s", "message_id": f"{kind}-c"},
