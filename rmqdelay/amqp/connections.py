@@ -10,29 +10,34 @@ Why a connect failed is told by :func:`connection_failure`, for pika and aiormq 
 so the CLI, the publishers and the worker use the same words, and the worker knows
 what to retry (a refused or dropped connection) and what to stop on (credentials, an
 unknown virtual host, no access to it, an untrusted certificate).
+
+aio-pika, aiormq and yarl are imported by :func:`connect_async` only: the sync side
+(``rmqdelay publish`` and the other commands) starts without them. The classifier
+checks aiormq's and asyncio's errors only once those modules are loaded: an error of a
+module never imported cannot have been raised.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
 import re
 import socket
 import ssl
+import sys
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
-import aio_pika
-import aiormq
 import pika
 import pika.exceptions
-from aio_pika.abc import AbstractConnection, AbstractRobustConnection
-from yarl import URL
 
 from ..errors import ConnectionFailedError
 from ..settings import Settings, mask_url
 from .tls import ssl_context
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 
 __all__ = ["candidate_urls", "connect_async", "connect_blocking", "connection_failure"]
 
@@ -57,6 +62,19 @@ def _user_and_vhost(address: str) -> tuple[str, str]:
     return user, unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
 
 
+def _aiormq_error(*names: str) -> tuple[type[BaseException], ...]:
+    """aiormq's exception classes of those ``names``; none when aiormq is not loaded."""
+    errors = sys.modules.get("aiormq.exceptions")
+    return () if errors is None else tuple(getattr(errors, name) for name in names)
+
+
+def _timeouts() -> tuple[type[BaseException], ...]:
+    """The timeouts a connect raises; asyncio's is its own class before Python 3.11."""
+    asyncio = sys.modules.get("asyncio")
+    found: tuple[type[BaseException], ...] = (TimeoutError, socket.timeout)
+    return found if asyncio is None else (*found, asyncio.TimeoutError)
+
+
 def _root(exc: BaseException) -> BaseException:
     """The exception pika wrapped (it nests the socket's error in its own, twice), or
     the TLS error aiormq raised its AMQPConnectionError from (``[Errno 1] [SSL: ...]``)."""
@@ -76,7 +94,7 @@ def _root(exc: BaseException) -> BaseException:
 
 def _broker_reply(exc: BaseException) -> tuple[int | None, str]:
     """The broker's reply code and text in a refusal, from either library."""
-    if isinstance(exc, aiormq.exceptions.ConnectionClosed) and len(exc.args) >= 2:
+    if isinstance(exc, _aiormq_error("ConnectionClosed")) and len(exc.args) >= 2:
         return int(exc.args[0]), str(exc.args[1])
     if isinstance(exc, pika.exceptions.ConnectionClosed):
         return exc.reply_code, exc.reply_text
@@ -115,8 +133,7 @@ def connection_failure(
     if isinstance(
         exc,
         (
-            aiormq.exceptions.ProbableAuthenticationError,
-            aiormq.exceptions.AuthenticationError,
+            *_aiormq_error("ProbableAuthenticationError", "AuthenticationError"),
             pika.exceptions.ProbableAuthenticationError,
             pika.exceptions.AuthenticationError,
         ),
@@ -152,7 +169,7 @@ def connection_failure(
     host = urlsplit(address).hostname
     if isinstance(exc, socket.gaierror):
         return ConnectionFailedError(f"cannot connect to {where}: unknown host {host!r}")
-    if isinstance(exc, aiormq.exceptions.AMQPConnectionError) and exc.args:
+    if isinstance(exc, _aiormq_error("AMQPConnectionError")) and exc.args:
         errno = exc.args[0]
         if errno in (-2, -3, -5):  # EAI_NONAME, EAI_AGAIN, EAI_NODATA (aiormq's gaierror)
             return ConnectionFailedError(f"cannot connect to {where}: unknown host {host!r}")
@@ -160,13 +177,13 @@ def connection_failure(
             return ConnectionFailedError(f"cannot connect to {where}: connection refused")
     if isinstance(exc, ConnectionRefusedError):
         return ConnectionFailedError(f"cannot connect to {where}: connection refused")
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, socket.timeout)):
+    if isinstance(exc, _timeouts()):
         return ConnectionFailedError(
             f"cannot connect to {where}: no answer within {CONNECT_TIMEOUT_S:g}s"
         )
     if isinstance(
         exc,
-        (pika.exceptions.IncompatibleProtocolError, aiormq.exceptions.IncompatibleProtocolError),
+        (pika.exceptions.IncompatibleProtocolError, *_aiormq_error("IncompatibleProtocolError")),
     ):
         return ConnectionFailedError(
             f"cannot connect to {where}: the server closed the connection during the AMQP "
@@ -269,6 +286,12 @@ async def connect_async(
     The name goes in the URL's ``name`` query, which every aiormq reads; aio-pika 9
     drops ``client_properties`` when it is given a URL.
     """
+    import asyncio
+
+    import aio_pika
+    import aiormq
+    from yarl import URL
+
     connect = aio_pika.connect_robust if robust else aio_pika.connect
     context = ssl_context(settings)
     failures: list[tuple[str, ConnectionFailedError]] = []

@@ -5,6 +5,10 @@ A stream is read over AMQP 0-9-1 with the ``x-stream-offset`` consumer argument 
 timestamp here: the records of the last ``max_delay``), with manual acks and a prefetch,
 as RabbitMQ requires for streams. A stream never says where it ends, so a reader first
 appends a marker of its own, confirmed, and reads until the marker comes back.
+
+aio-pika and aiormq are imported by the asyncio functions that use them: the sync side
+(``rmqdelay publish``, ``cancel``, ``scheduled list``) does without them, and they cost
+the start-up of every such command a good part of its time.
 """
 
 from __future__ import annotations
@@ -15,13 +19,10 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aio_pika
-import aiormq
 import pika
 import pika.exceptions
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from ..core.journal import (
     RECORDS_PER_WRITE,
@@ -36,6 +37,9 @@ from ..core.journal import (
 )
 from ..core.layout import Layout
 from ..errors import ConfigurationError, JournalError, TopologyError
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 __all__ = [
     "JournalTail",
@@ -266,6 +270,9 @@ def cancel(
 async def _publish_records(
     channel: AbstractChannel, name: str, records: list[JournalRecord]
 ) -> None:
+    import aio_pika
+    import aiormq
+
     exchange = await channel.get_exchange(name, ensure=False)
     try:
         await asyncio.gather(
@@ -320,6 +327,8 @@ class JournalTail:
         self._unacked = 0
 
     async def start(self) -> JournalTail:
+        import aiormq
+
         channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
         self.channel = channel
         await _publish_records(channel, self.name, [self._marker])
