@@ -31,6 +31,11 @@ from urllib.parse import unquote, urlsplit
 
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectionWorkflowFailed,
+    AMQPConnectorException,
+    AMQPConnectorStackTimeout,
+)
 
 from ..errors import ConnectionFailedError
 from ..settings import Settings, mask_url
@@ -45,6 +50,9 @@ CONNECT_TIMEOUT_S = 10.0
 _URL_HINT = "check the url setting (--url, RMQDELAY_URL)"
 _REPLY = re.compile(r"\((\d{3})\) '(.*)'", re.S)  # pika: "...: (530) 'NOT_ALLOWED - ...'"
 _TRANSIENT_TLS = (ssl.SSLEOFError, ssl.SSLZeroReturnError, ssl.SSLSyscallError)
+_PIKA_CONNECT_ERRORS = (pika.exceptions.AMQPError, AMQPConnectorException, OSError, ValueError)
+"""What pika raises when a connection cannot open: its workflow's errors (a handshake
+that timed out, say) are not :class:`pika.exceptions.AMQPError`."""
 
 
 def candidate_urls(settings: Settings) -> list[str]:
@@ -82,6 +90,8 @@ def _root(exc: BaseException) -> BaseException:
     while seen < 5:
         seen += 1
         inner = getattr(exc, "exception", None)
+        if isinstance(exc, AMQPConnectionWorkflowFailed) and exc.exceptions:
+            inner = exc.exceptions[-1]  # pika's workflow: the last attempt's error
         if not isinstance(inner, BaseException):
             inner = exc.args[0] if exc.args and isinstance(exc.args[0], BaseException) else None
         if inner is None and isinstance(exc.__cause__, ssl.SSLError):
@@ -177,6 +187,12 @@ def connection_failure(
             return ConnectionFailedError(f"cannot connect to {where}: connection refused")
     if isinstance(exc, ConnectionRefusedError):
         return ConnectionFailedError(f"cannot connect to {where}: connection refused")
+    if isinstance(exc, AMQPConnectorStackTimeout):  # TCP connected, AMQP did not answer
+        return ConnectionFailedError(
+            f"cannot connect to {where}: the broker accepted the connection but did not "
+            f"answer the AMQP handshake within {_stack_timeout(address):g}s (a broker "
+            "starting, overloaded or stuck, or a port that does not speak AMQP)"
+        )
     if isinstance(exc, _timeouts()):
         return ConnectionFailedError(
             f"cannot connect to {where}: no answer within {CONNECT_TIMEOUT_S:g}s"
@@ -198,6 +214,15 @@ def connection_failure(
     return ConnectionFailedError(
         f"cannot connect to {where}: {type(exc).__name__} {_redact(str(exc), address)}"
     )
+
+
+def _stack_timeout(address: str) -> float:
+    """The seconds pika gave the whole TCP/TLS/AMQP opening of ``address``."""
+    try:
+        timeout = pika.URLParameters(address).stack_timeout
+    except (ValueError, TypeError):
+        timeout = None
+    return timeout or pika.ConnectionParameters.DEFAULT_STACK_TIMEOUT
 
 
 def _redact(text: str, address: str) -> str:
@@ -247,7 +272,7 @@ def connect_blocking(settings: Settings, role: str) -> pika.BlockingConnection:
     for address in candidate_urls(settings):
         try:
             return pika.BlockingConnection(_pika_params(settings, address, role, context))
-        except (pika.exceptions.AMQPError, OSError, ValueError) as exc:
+        except _PIKA_CONNECT_ERRORS as exc:
             failure = connection_failure(exc, address, settings)
         failures.append((address, failure))
         if not failure.transient:
@@ -269,7 +294,7 @@ def _refusal_reason(settings: Settings, address: str) -> ConnectionFailedError |
         connection = pika.BlockingConnection(
             _pika_params(settings, address, "probe", ssl_context(settings))
         )
-    except (pika.exceptions.AMQPError, OSError, ValueError) as exc:
+    except _PIKA_CONNECT_ERRORS as exc:
         return connection_failure(exc, address, settings)
     finally:
         quiet.setLevel(level)
