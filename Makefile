@@ -8,9 +8,9 @@
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
-#   make cluster  a local 3-node cluster on :5701-5703, its URLs printed masked (cluster-stop)
+#   make cluster  a local 3-node RabbitMQ 4.0 cluster on :5711-5713, URLs printed masked
+#                 (cluster-stop; CLUSTER_RABBITMQ=3: the host's 3.10 on :5701-5703)
 #   make cluster-test  kill -9 and rolling-restart tests on a local 3-node cluster
-#                 (CLUSTER_RABBITMQ=4: RabbitMQ 4.0 from the trixie chroot, on :5711-5713)
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make clean    caches and build output (distclean also removes .venv)
@@ -92,12 +92,13 @@ test-rmq4: venv
 rmq4-stop:
 	$(PY) scripts/broker.py rmq4 stop
 
-# A local 3-node cluster of Debian's rabbitmq-server on 127.0.0.1:5701-5703 (management
-# 15701-15703), data under /var/tmp/rmqdelay-cluster; cluster-test starts it, runs the
-# failover tests (kill -9 of a node, a rolling restart; about 2 minutes) and stops it.
-# CLUSTER_RABBITMQ=4: the same from RabbitMQ 4.0 in the trixie chroot of `make test-rmq4`
-# (nodes rmqd-c4-1..3 on 5711-5713, management 15711-15713; the chroot is built once).
-CLUSTER_RABBITMQ ?= 3
+# A local 3-node cluster of RabbitMQ 4.0 from the trixie chroot of `make test-rmq4` (built
+# once): nodes rmqd-c4-1..3 on 127.0.0.1:5711-5713 (management 15711-15713), data inside
+# the chroot; cluster-test starts it, runs the failover tests (kill -9 of a node, a
+# rolling restart; about 3 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
+# rabbitmq-server 3.10 on 5701-5703 (data under /var/tmp/rmqdelay-cluster), whose
+# dead-letter worker can strand messages in the rolling restart (fixed in 3.10.20).
+CLUSTER_RABBITMQ ?= 4
 CLUSTER = $(PY) scripts/broker.py cluster --rabbitmq $(CLUSTER_RABBITMQ)
 
 cluster: venv

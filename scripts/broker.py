@@ -12,14 +12,15 @@ where a broker comes from); this is its command line::
                                         # the container lives as long as CMD)
     --no-management                     # never enable the management plugin
     python scripts/broker.py cluster start|stop
-                                        # 3 local nodes on :5701-5703 (make cluster);
-                                        # start prints their masked URLs
+                                        # 3 local nodes of RabbitMQ 4.0 (trixie chroot) on
+                                        # :5711-5713 (make cluster); start prints their
+                                        # masked URLs
     python scripts/broker.py cluster urls|management-urls
                                         # comma-separated, for $(...) (make cluster-test)
-    python scripts/broker.py cluster --rabbitmq 4 start|stop|urls|management-urls
-                                        # the same from RabbitMQ 4.0 in the trixie chroot,
-                                        # on :5711-5713 (default: $RMQDELAY_CLUSTER_RABBITMQ,
-                                        # else 3, the host's 3.10)
+    python scripts/broker.py cluster --rabbitmq 3 start|stop|urls|management-urls
+                                        # the same from the host's RabbitMQ 3.10 on
+                                        # :5701-5703 (default: $RMQDELAY_CLUSTER_RABBITMQ,
+                                        # else 4)
     python scripts/broker.py rmq4 start|stop
                                         # RabbitMQ 4.0 in a trixie chroot on :5682
                                         # (management :15682); start prints its URL
@@ -122,10 +123,10 @@ def _cluster(argv: list[str]) -> int:
     """``cluster start`` (idempotent) prints the nodes' masked URLs; ``cluster stop``;
     ``cluster urls`` and ``cluster management-urls`` print comma-separated lists for
     ``$(...)`` in a shell (the AMQP ones unmasked: never to a terminal).
-    ``--rabbitmq 3|4`` (or ``--rabbitmq=4``) picks the RabbitMQ the cluster runs."""
+    ``--rabbitmq 4|3`` (or ``--rabbitmq=3``) picks the RabbitMQ the cluster runs."""
     from brokers import cluster
 
-    usage = "usage: broker.py cluster [--rabbitmq 3|4] start|stop|urls|management-urls"
+    usage = "usage: broker.py cluster [--rabbitmq 4|3] start|stop|urls|management-urls"
     argv = list(argv)
     version: str | None = None
     for i, arg in enumerate(argv):

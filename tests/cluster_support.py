@@ -1,7 +1,8 @@
 """The 3-node cluster for the tests in tests/cluster: fixtures ``cluster`` (and its old
 name ``local_cluster``).
 
-``make cluster-test`` starts the cluster (scripts/broker.py cluster start) and exports
+``make cluster-test`` starts the cluster (scripts/broker.py cluster start; RabbitMQ 4.0
+unless ``CLUSTER_RABBITMQ=3``) and exports
 its nodes as ``RMQDELAY_CLUSTER_URLS`` and ``RMQDELAY_CLUSTER_MANAGEMENT_URLS``
 (comma-separated, in node order), and ``RMQDELAY_CLUSTER_RABBITMQ`` (3 or 4: which of
 scripts/brokers/cluster.py's clusters it is; without it, the one whose URLs those are);
@@ -106,7 +107,7 @@ def _select_local_cluster() -> None:
         local_nodes.select(version)
         if local_nodes.urls() == wanted:
             return
-    local_nodes.select("3")
+    local_nodes.select(local_nodes.DEFAULT)
 
 
 @pytest.fixture(scope="session")
