@@ -188,3 +188,53 @@ def test_epilog_keeps_examples_one_per_line() -> None:
     text = epilog("A note.", "rmqdelay a", "rmqdelay b --x")
     assert text == "A note.\n\nExamples:\n\n\b\n  rmqdelay a\n  rmqdelay b --x"
     assert epilog("", "rmqdelay a") == "Example:\n\n\b\n  rmqdelay a"
+
+
+def test_the_broker_modules_leave_aio_pika_to_the_asyncio_code() -> None:
+    """The sync side (``rmqdelay publish``, ``cancel``...) imports these two modules."""
+    loaded = _run(
+        """
+        import json, sys
+        import rmqdelay.amqp.connections, rmqdelay.amqp.journal
+        print(json.dumps([m for m in ("aio_pika", "aiormq", "yarl") if m in sys.modules]))
+        """
+    )
+    assert loaded == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["publish", "--help"],
+        ["consume", "--help"],
+        ["worker", "--help"],
+        ["status", "--help"],
+        ["cancel", "--help"],
+        ["scheduled", "list", "--help"],
+        ["parked"],
+        ["topology", "apply", "--help"],
+        ["topology", "nope"],
+        ["publish"],
+        ["status", "--bogus"],
+        ["publish", "x", "--delay", "1s", "--at", "2026-01-01T00:00:00Z"],
+    ],
+)
+def test_a_command_runs_the_same_in_an_app_of_its_group_alone(args: list[str]) -> None:
+    """main() builds only the group a command line names: same help, same errors."""
+    from typer.testing import CliRunner
+
+    from rmqdelay.cli.app import app, app_for
+
+    one = app_for(args)
+    assert one is not app
+    runner = CliRunner()
+    whole = runner.invoke(app, args, prog_name="rmqdelay")
+    alone = runner.invoke(one, args, prog_name="rmqdelay")
+    assert (alone.exit_code, alone.output) == (whole.exit_code, whole.output)
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["nope"], ["--install-completion"]])
+def test_anything_else_runs_the_whole_app(args: list[str]) -> None:
+    from rmqdelay.cli.app import app, app_for
+
+    assert app_for(args) is app
