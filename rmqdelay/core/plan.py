@@ -97,7 +97,10 @@ def plan_delay(layout: Layout, delay_us: int, destination: str) -> DelayPlan:
     if delay_us > layout.max_delay_ms * 1000:
         check_max_delay(layout, delay_us)
     units = max(0, -(-delay_us // (layout.resolution_ms * 1000)))
-    digits = digits_for(layout, units)
+    if layout.positional_count == len(layout.positions) and units <= layout.capacity_units:
+        digits = tuple(_positional(layout, units))  # no named tier: digits_for's usual case
+    else:
+        digits = digits_for(layout, units)
     hops = tuple([p.tiers[d - 1] for p, d in zip(layout.positions, digits, strict=True) if d])
     key = ".".join([*[DIGITS[d] for d in digits], destination])
     if hops:

@@ -173,3 +173,22 @@ def test_message_ids_are_version_4_uuids_and_differ() -> None:
         parsed = uuid.UUID(text)
         assert str(parsed) == text
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+@given(
+    destination=short_names.filter(lambda d: ".." not in d and d[0] not in "._" and d[-1] != "."),
+    body=st.binary(max_size=50)
+    | st.text(max_size=20)
+    | st.dictionaries(st.text(max_size=5), st.integers()),
+    delay=st.integers(0, 3600) | st.floats(0, 3600),
+    now=st.integers(0, 2**50),
+)
+def test_a_plain_publish_prepares_what_the_general_path_prepares(
+    destination: str, body: Any, delay: float, now: int
+) -> None:
+    """No headers, id or properties given: the short path; with its id given back, the
+    general one. Everything but the path must match."""
+    core = PublisherCore(Settings(max_delay="2h").layout)
+    plain = core.prepare(destination, body, delay=delay, now=now)
+    general = core.prepare(destination, body, delay=delay, now=now, message_id=plain.message_id)
+    assert plain == general
