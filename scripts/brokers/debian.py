@@ -118,7 +118,10 @@ class DebianNode:
         (host_home / "rabbitmq.conf").write_text("\n".join([*lines, *config]) + "\n")
         (host_home / "enabled_plugins").write_text(f"[{','.join(enabled)}].\n")
         (host_home / "rabbitmq-env.conf").write_text(
-            "# this node's settings are in the environment\n"
+            "# this node's settings are in the environment; the package's wrapper starts\n"
+            "# it through su, whose pam_limits cuts open files to 1024, and at 1024 a few\n"
+            "# hundred queues leave new connections hanging in the handshake\n"
+            f"ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n $(ulimit -Hn) 2>/dev/null || true\n"
         )
         return cls(
             port=port,
@@ -201,7 +204,10 @@ def install_server() -> None:
             raise BrokerUnavailable(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
 
 
-def _raise_nofile_limit(wanted: int = 65536) -> None:
+OPEN_FILES = 65536
+
+
+def _raise_nofile_limit(wanted: int = OPEN_FILES) -> None:
     """RabbitMQ sizes its file handle cache from the open-files limit: at the usual 1024
     a few hundred queues exhaust it and new connections hang in the handshake."""
     import resource
