@@ -7,15 +7,15 @@ client library, both bounded by ``timeout``; needs no configure permission.
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiormq
 import pika
-from aio_pika.abc import AbstractConnection
 
 from ..errors import AccessRefusedError
 from .blocking import open_channel, wait_until
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
 
 __all__ = ["queue_exists", "queue_exists_async", "ready_messages", "ready_messages_async"]
 
@@ -46,6 +46,8 @@ def queue_exists(connection: pika.BlockingConnection, queue: str, timeout: float
 
 
 async def _declare(connection: AbstractConnection, queue: str) -> int | None:
+    import aiormq
+
     channel = await connection.channel(publisher_confirms=False)
     try:
         declared = await channel.declare_queue(queue, passive=True)
@@ -62,6 +64,8 @@ async def ready_messages_async(
     connection: AbstractConnection, queue: str, timeout: float
 ) -> int | None:
     """Messages ready in ``queue``, None when it does not exist; AccessRefusedError on 403."""
+    import asyncio
+
     try:
         return await asyncio.wait_for(_declare(connection, queue), timeout)
     except asyncio.TimeoutError:
