@@ -419,6 +419,32 @@ def publish_table(results: Path) -> list[str]:
     return lines
 
 
+def startup_table(results: Path) -> list[str]:
+    doc = load(results, "startup")
+    if not doc:
+        return []
+    rows, shown = doc["results"], doc["params"]["commands"]
+    reference = doc["params"].get("reference_ms_of_targets")
+    lines = [
+        f"**Start-up** (fresh processes, median of {doc['params']['repeats']}; the targets were "
+        f"set where `import pika` took {fmt(reference)} ms, so each is also judged as a ratio "
+        "to `import pika` measured here in the same run):",
+        "",
+        "| command | ms | x `import pika` | before (the issue's machine), ms | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        target = ""
+        if "target_ms" in row:
+            verdict = "met" if row["meets_target_ratio"] else "missed"
+            target = f"{fmt(row['target_ms'])} ms = {row['target_ratio']:.2f} x: {verdict}"
+        lines.append(
+            f"| `{shown[name]}` | {fmt(row['median_ms'])} | {row['ratio_to_reference']:.2f} | "
+            f"{fmt(row.get('before_ms'))} | {target} |"
+        )
+    return lines
+
+
 def e2e_table(results: Path) -> list[str]:
     doc = load(results, "e2e")
     if not doc:
@@ -643,7 +669,7 @@ def section(results: Path) -> str:
             p.stem
             for p in sorted(results.glob("*.json"))
             if p.stem not in ran
-            and p.stem in {"publish", "e2e", "radix", "peers", "seeds", "scale"}
+            and p.stem in {"startup", "publish", "e2e", "radix", "peers", "seeds", "scale"}
         ]
         if older:
             took += f" The {', '.join(older)} figures come from an earlier run of the suite."
@@ -665,6 +691,8 @@ def section(results: Path) -> str:
         *designs_table(results),
         "",
         *publish_table(results),
+        "",
+        *startup_table(results),
         "",
         *e2e_table(results),
         "",

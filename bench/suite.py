@@ -65,7 +65,7 @@ from bench.scenarios_peers import (
 )
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("publish", "e2e", "radix", "peers", "seeds", "scale")
+WORKLOADS = ("startup", "publish", "e2e", "radix", "peers", "seeds", "scale")
 
 
 @dataclass
@@ -651,7 +651,18 @@ async def workload_scale(suite: Suite) -> None:
     suite.write("scale", dict(result["params"]), result)
 
 
+async def workload_startup(suite: Suite) -> None:
+    """CLI and import start-up in fresh processes (:mod:`bench.startup`)."""
+    from bench.startup import main as startup_main
+
+    out = suite.out / "startup.json"
+    argv = ["--url", suite.url, "--out", str(out)]
+    if await asyncio.to_thread(startup_main, argv) != 0:
+        raise RuntimeError("bench.startup failed")
+
+
 WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
+    "startup": workload_startup,
     "publish": workload_publish,
     "e2e": workload_e2e,
     "radix": workload_radix,
