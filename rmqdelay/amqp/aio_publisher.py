@@ -201,15 +201,30 @@ class AsyncPublisher(
                 failures.append(exc)
         raise AssertionError("unreachable: the pauses end by raising")
 
+    def _usable(self, channel: AbstractChannel | None) -> bool:
+        """The channel is open, and so is its connection: aio-pika closes a channel in a
+        task of its own after the connection closed, so a publish right after the
+        broker's Connection.Close would still find the channel open."""
+        connection = self._connection
+        return (
+            channel is not None
+            and not channel.is_closed
+            and connection is not None
+            and not connection.is_closed
+            and connection.connected.is_set()
+        )
+
     async def _confirm_channel(self) -> AbstractChannel:
         channel = self._channel
-        if channel is not None and not channel.is_closed:
+        if self._usable(channel):
+            assert channel is not None
             return channel
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:  # one reconnect and one channel for concurrent publishes
             channel = self._channel
-            if channel is not None and not channel.is_closed:
+            if self._usable(channel):
+                assert channel is not None
                 return channel
             connection = await self._live_connection()
             try:
