@@ -44,9 +44,14 @@ BOOT_PYTHON := $(shell for p in python3.11 python3 python3.13 python3.12 python3
 endif
 
 # Shell snippet: export RMQDELAY_URL=<broker URL> unless the broker is a testcontainers
-# one (then broker.py prints no URL and pytest's fixture starts the container).
-WITH_BROKER = url="$$($(PY) scripts/broker.py --quiet)"; \
-	if [ -n "$$url" ]; then export RMQDELAY_URL="$$url"; fi; unset url;
+# one (then broker.py prints no URL and pytest's fixture starts the container); and
+# RMQDELAY_MANAGEMENT_URL when that broker's API is not the default :15672 (the script's
+# own node on :5674 has it on :15674), unless it is set already.
+WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
+	url="$$(printf '%s\n' "$$out" | sed -n 1p)"; mgmt="$$(printf '%s\n' "$$out" | sed -n 2p)"; \
+	if [ -n "$$url" ]; then export RMQDELAY_URL="$$url"; fi; \
+	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
+	unset out url mgmt;
 
 .PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest demo bench dist clean distclean
 

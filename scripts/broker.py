@@ -69,6 +69,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="do not look for the management API, nor enable its plugin on a local broker",
     )
     parser.add_argument("-q", "--quiet", action="store_true", help="print only errors on stderr")
+    parser.add_argument(
+        "--print-management",
+        action="store_true",
+        help="print the management API's URL on a second line (empty if none), for a broker "
+        "whose API is not at :15672 (make exports it as RMQDELAY_MANAGEMENT_URL)",
+    )
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["rmq4"]:
         return _rmq4(argv[1:])
@@ -113,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with ensure_broker(allow_testcontainers=False, management=args.management) as info:
             log(f"source={info.source} url={info.masked_url} management={info.management_url}")
             print(info.url, flush=True)  # unmasked, for $(...) in shells
+            if args.print_management:
+                print(info.management_url or "", flush=True)
         return 0
     except BrokerUnavailable as exc:
         error(str(exc))
