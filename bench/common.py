@@ -364,3 +364,18 @@ async def broker_info(url: str = DEFAULT_AMQP_URL) -> dict[str, Any]:
         }
     finally:
         await conn.close()
+
+
+def machine_load(window_s: float = 3.0) -> dict[str, Any]:
+    """How busy the whole machine was over the last ``window_s`` seconds (others' jobs move
+    the figures): taken just before each workload."""
+    start = machine_cpu_seconds()
+    time.sleep(window_s)
+    end = machine_cpu_seconds()
+    cores = os.cpu_count() or 1
+    busy = None if start is None or end is None else round((end - start) / window_s / cores * 100)
+    return {
+        "window_s": window_s,
+        "busy_percent": busy,
+        "loadavg": [round(v, 2) for v in os.getloadavg()],
+    }

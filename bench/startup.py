@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEFAULT_AMQP_URL, machine_cpu_seconds, machine_info, now_ms
+from bench.common import DEFAULT_AMQP_URL, machine_info, machine_load, now_ms
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 DESTINATION = "startup"
@@ -72,20 +72,6 @@ def _run(argv: list[str], env: dict[str, str]) -> float:
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} exited {done.returncode}: {done.stderr.strip()[-800:]}")
     return elapsed
-
-
-def machine_load(window_s: float = 2.0) -> dict[str, Any]:
-    """How busy the whole machine is (others' jobs move start-up times a lot)."""
-    start = machine_cpu_seconds()
-    time.sleep(window_s)
-    end = machine_cpu_seconds()
-    cores = os.cpu_count() or 1
-    busy = None if start is None or end is None else round((end - start) / window_s / cores * 100)
-    return {
-        "window_s": window_s,
-        "busy_percent": busy,
-        "loadavg": [round(v, 2) for v in os.getloadavg()],
-    }
 
 
 def measure(todo: list[Command], env: dict[str, str], repeats: int) -> dict[str, list[float]]:
@@ -181,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in todo
     }
 
-    load_before = machine_load()
+    load_before = machine_load(2.0)
     print(f"machine busy {load_before['busy_percent']}% before (load {load_before['loadavg']})")
     started = time.perf_counter()
     if not args.no_publish:

@@ -48,8 +48,8 @@ from bench.common import (
     broker_pid,
     idle_cpu_rate,
     lateness_stats,
-    machine_cpu_seconds,
     machine_info,
+    machine_load,
     now_ms,
     quantiles,
 )
@@ -176,20 +176,6 @@ class Suite:
         tmp.replace(path)
         _say(f"wrote {path}")
         return path
-
-
-def machine_load(window_s: float = 3.0) -> dict[str, Any]:
-    """How busy the machine was just before a workload (others' jobs move the figures)."""
-    start = machine_cpu_seconds()
-    time.sleep(window_s)
-    end = machine_cpu_seconds()
-    cores = os.cpu_count() or 1
-    busy = None if start is None or end is None else round((end - start) / window_s / cores * 100)
-    return {
-        "window_s": window_s,
-        "busy_percent": busy,
-        "loadavg": [round(v, 2) for v in os.getloadavg()],
-    }
 
 
 def _json_default(value: Any) -> Any:
