@@ -188,8 +188,7 @@ class AsyncPublisher(
         if connection is None:
             return await self._open_connection()
         self._watch(connection)
-        # aio-pika leaves is_closed False when the broker closes the connection
-        if not connection.is_closed and connection.connected.is_set():
+        if _is_open(connection):
             return connection
         self._channel = None
         failures: list[Exception] = []
@@ -210,8 +209,7 @@ class AsyncPublisher(
             channel is not None
             and not channel.is_closed
             and connection is not None
-            and not connection.is_closed
-            and connection.connected.is_set()
+            and _is_open(connection)
         )
 
     async def _confirm_channel(self) -> AbstractChannel:
@@ -339,6 +337,11 @@ class AsyncPublisher(
             self._lost = exc
             return self.core.unconfirmed(out.message_id, exc)
         return exc
+
+
+def _is_open(connection: AbstractConnection) -> bool:
+    # aio-pika leaves is_closed False when the broker closes the connection
+    return not connection.is_closed and connection.connected.is_set()
 
 
 _BOOKS = ("confirmations", "message_id_delivery_tag", "write_queue", "lock", "delivery_tag")

@@ -401,12 +401,7 @@ class PublisherCore:
         if properties and not properties.keys() <= _CARRIED:
             unknown = min(properties.keys() - _CARRIED)
             raise TypeError(f"publish() got an unexpected keyword argument {unknown!r}")
-        if destination not in self._valid_destinations:
-            validate_destination(self.layout, destination)
-            if len(self._valid_destinations) < _REMEMBERED:
-                self._valid_destinations.add(destination)
-        start = now_us() if now is None else now
-        due = start + self._delay_us(delay, at, start)
+        due = self._due(destination, delay, at, now)
         payload, encoded_type = encode_body(body)
         if headers is not None and not isinstance(headers, Mapping):
             raise InvalidMessageError(
@@ -443,12 +438,7 @@ class PublisherCore:
         """:meth:`prepare` of the usual message (no headers, id or properties given):
         the same checks and bytes in about half the time (``tests/unit/test_fast_paths.py``
         compares the two)."""
-        if destination not in self._valid_destinations:
-            validate_destination(self.layout, destination)
-            if len(self._valid_destinations) < _REMEMBERED:
-                self._valid_destinations.add(destination)
-        start = now_us() if now is None else now
-        due = start + self._delay_us(delay, at, start)
+        due = self._due(destination, delay, at, now)
         payload, content_type = encode_body(body)
         message_id = new_message_id()
         return Prepared(
@@ -460,6 +450,21 @@ class PublisherCore:
             cast(MessageProperties, dict(_NO_PROPERTIES, content_type=content_type)),
             self._properties.plain(message_id, content_type, -(-due // 1000), destination),
         )
+
+    def _due(
+        self,
+        destination: str,
+        delay: DurationLike | None,
+        at: datetime | None,
+        now: int | None,
+    ) -> int:
+        """Check the destination (each one once) and the delay; the due time in µs."""
+        if destination not in self._valid_destinations:
+            validate_destination(self.layout, destination)
+            if len(self._valid_destinations) < _REMEMBERED:
+                self._valid_destinations.add(destination)
+        start = now_us() if now is None else now
+        return start + self._delay_us(delay, at, start)
 
     def _delay_us(self, delay: DurationLike | None, at: datetime | None, start: int) -> int:
         if delay is not None and at is not None:
