@@ -31,6 +31,7 @@ from rmqdelay import (
     Settings,
     TopologyManager,
 )
+from rmqdelay.amqp.aio_publisher import _is_open
 from rmqdelay.amqp.connections import connect_async, connect_blocking
 
 T = TypeVar("T")
@@ -242,6 +243,14 @@ async def test_async_publisher_reconnects_after_its_connection_is_closed(
         await publisher.publish(DEST, b"before", delay=0)
         # in a thread, so that the loop reads the broker's Connection.Close meanwhile
         assert await asyncio.to_thread(admin.close_connections, f"{prefix}.pub") == 1
+        # until the client has read the broker's Connection.Close: before that, a publish
+        # goes into the closing connection and may fail (the documented "may or may not")
+        connection = publisher._connection
+        assert connection is not None
+        deadline = time.monotonic() + BOUND
+        while _is_open(connection) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert not _is_open(connection), "the client never saw its connection close"
         result = await asyncio.wait_for(publisher.publish(DEST, b"after", delay=0.2), BOUND)
         batch = await publisher.publish_many(
             [{"destination": DEST, "body": f"m{i}", "delay": 0} for i in range(3)]
