@@ -86,9 +86,14 @@ def _pika_publish(
     declare: str | None = None,
     queue_type: str = "quorum",
     kind: str,
+    calls: int = 0,
 ) -> float:
     """Raw pika, pipelined confirms: publish on the channel, pump the I/O loop while
-    ``window`` confirms are outstanding (the technique rmqdelay's sync publisher uses)."""
+    ``window`` confirms are outstanding (the technique rmqdelay's sync publisher uses).
+
+    ``calls``: instead, send the items in that many equal groups and wait for every
+    confirm of a group before the next (what one ``publish()`` with its journal record is).
+    """
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         channel = connection.channel()
@@ -126,14 +131,16 @@ def _pika_publish(
                     props = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
                 impl.basic_publish(exchange, key, body, props, True)
                 pending.add(tag)
-                if len(pending) >= window:
+                if calls and tag % (len(items) // calls) == 0:
+                    pump(lambda: not pending)
+                elif len(pending) >= window:
                     pump(lambda: len(pending) < window)
             pump(lambda: not pending)
         if failed:
             raise RuntimeError(f"raw pika: {len(failed)} not confirmed ({failed[0]})")
         if declare:
             channel.queue_delete(declare)
-        return _timed(kind, len(items), t)
+        return _timed(kind, calls or len(items), t)
     finally:
         if connection.is_open:
             connection.close()
@@ -145,38 +152,68 @@ def raw_pika_rate(url: str, count: int, window: int, queue_type: str = "quorum")
     return _pika_publish(url, items, window, declare=name, queue_type=queue_type, kind="pika")
 
 
-def raw_pika_single_rate(url: str, count: int, queue_type: str = "quorum") -> float:
+def _pika_single(
+    url: str, items: Sequence[Item], *, declare: str | None = None, queue_type: str, kind: str
+) -> float:
     """One confirm per publish: BlockingChannel waits for each, as ``publish()`` does."""
-    name = f"bench-plain-{uuid.uuid4().hex[:6]}"
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
         channel = connection.channel()
-        channel.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+        if declare:
+            channel.queue_declare(declare, durable=True, arguments={"x-queue-type": queue_type})
         channel.confirm_delivery()
         with Timed() as t:
-            for _ in range(count):
-                props = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
-                channel.basic_publish("", name, BODY, props, mandatory=True)
-        channel.queue_delete(name)
-        return _timed("pika-single", count, t)
+            for exchange, key, props, body in items:
+                if props is None:
+                    props = pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
+                channel.basic_publish(exchange, key, body, props, mandatory=True)
+        if declare:
+            channel.queue_delete(declare)
+        return _timed(kind, len(items), t)
     finally:
         if connection.is_open:
             connection.close()
 
 
-def raw_pika_to_tiers_rate(settings: Settings, count: int, window: int) -> float:
-    """Diagnostic: raw pika sending exactly rmqdelay's messages, planned beforehand.
+def raw_pika_single_rate(url: str, count: int, queue_type: str = "quorum") -> float:
+    name = f"bench-plain-{uuid.uuid4().hex[:6]}"
+    items = _plain_items(name, count)
+    return _pika_single(url, items, declare=name, queue_type=queue_type, kind="pika-single")
 
-    Same exchanges, routing keys, property bytes and order (by due time) as the sync
-    publisher, none of its client work: the broker's cost of the tiers, separated.
-    """
+
+def _planned_items(settings: Settings, count: int, seed: int, records: bool = False) -> list[Item]:
+    """rmqdelay's own messages, planned beforehand: the same exchanges, routing keys,
+    property bytes and order (by due time) as the sync publisher sends; ``records``: each
+    followed by its own schedule-journal record, as one ``publish()`` sends them."""
     core = PublisherCore(settings.layout)
-    batch = [core.prepare(**r) for r in _requests(count, 3)]
-    outs = [core.finalize(batch[i]) for i in core.send_order(batch)]
-    items = [
-        (o.exchange, o.routing_key, pika_properties(o.prepared), o.prepared.body) for o in outs
-    ]
-    return _pika_publish(settings.url, items, window, kind="pika-tiers")
+    batch = [core.prepare(**r) for r in _requests(count, seed)]
+    prepared = [batch[i] for i in core.send_order(batch)]
+    if records:
+        prepared = [q for p in prepared for q in (p, core.journal_write([p]))]
+    outs = [core.finalize(p) for p in prepared]
+    return [(o.exchange, o.routing_key, pika_properties(o.prepared), o.prepared.body) for o in outs]
+
+
+def raw_pika_to_tiers_rate(settings: Settings, count: int, window: int) -> float:
+    """Diagnostic: raw pika sending exactly rmqdelay's messages, with none of its client
+    work: the broker's cost of the tiers, separated."""
+    return _pika_publish(
+        settings.url, _planned_items(settings, count, 3), window, kind="pika-tiers"
+    )
+
+
+def raw_pika_single_journal_rate(settings: Settings, count: int) -> float:
+    """Diagnostic: one call = rmqdelay's message and its journal record, both confirmed."""
+    items = _planned_items(settings, count, 4, records=True)
+    return _pika_publish(settings.url, items, 2, kind="pika-single-journal", calls=count)
+
+
+def raw_pika_single_to_tiers_rate(settings: Settings, count: int) -> float:
+    """Diagnostic: the same, one confirm per publish (what ``publish()`` costs the broker)."""
+    items = _planned_items(settings, count, 4)
+    return _pika_single(
+        settings.url, items, queue_type=settings.queue_type, kind="pika-single-tiers"
+    )
 
 
 # ---------------------------------------------------------------------- raw asyncio
@@ -280,6 +317,8 @@ DIAGNOSTICS = (
     "diag: raw pika, rmqdelay's messages to the tiers",
     "diag: rmqdelay sync, delay 0",
     "diag: rmqdelay async, delay 0",
+    "diag: raw pika, one confirm per publish, rmqdelay's messages to the tiers",
+    "diag: raw pika, one call = a message to the tiers and its journal record",
 )
 
 
@@ -387,6 +426,18 @@ async def run(
             RAW_AIO_PIKA,
             count,
             lambda n: async_rate(on, n, window, kind="async-0", delay=False),
+        )
+        variants[DIAGNOSTICS[3]] = (
+            "pika-single-tiers",
+            RAW_PIKA_SINGLE,
+            single,
+            lambda n: thread(raw_pika_single_to_tiers_rate, on, n),
+        )
+        variants[DIAGNOSTICS[4]] = (
+            "pika-single-journal",
+            RAW_PIKA_SINGLE,
+            single,
+            lambda n: thread(raw_pika_single_journal_rate, on, n),
         )
     rates: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
