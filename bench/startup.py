@@ -4,6 +4,9 @@ Times, in fresh processes, each command of ``COMMANDS``: ``python -c 'import pik
 (the reference: what any pika script pays), ``python -c 'import rmqdelay'``,
 ``rmqdelay --help`` and one real ``rmqdelay publish DEST BODY --delay 10s`` against
 ``--url`` (default ``BENCH_AMQP_URL``, else ``RMQDELAY_URL``, else the local broker).
+Two rows without rmqdelay's code show what its libraries cost on their own: importing
+click, pika and pydantic-settings, and the floor of any publish command built on them
+(those imports, a connection, one confirmed publish, the close: ``FLOOR``).
 One untimed warm-up round first (the OS file cache, ``__pycache__``), then ``--repeats``
 rounds; the commands take turns within a round, so a burst of load elsewhere falls on all
 of them. Prints the medians, their ratio to the reference and the targets, and writes
@@ -51,17 +54,42 @@ class Command:
     needs_broker: bool = False
 
 
-def commands(python: str, rmqdelay: str) -> list[Command]:
+#: The floor of any ``publish`` command on rmqdelay's libraries (the guide's: pika, click,
+#: pydantic-settings): import them, connect, publish one persistent message with confirms
+#: into the destination's work queue, close. No rmqdelay code: what no CLI can go under.
+FLOOR = """\
+import os, sys
+import click, pika, pydantic_settings
+connection = pika.BlockingConnection(pika.URLParameters(os.environ["RMQDELAY_URL"]))
+channel = connection.channel()
+channel.confirm_delivery()
+properties = pika.BasicProperties(delivery_mode=2, message_id="floor")
+channel.basic_publish("", sys.argv[1], b"startup bench", properties, mandatory=True)
+connection.close()
+"""
+
+
+def commands(python: str, rmqdelay: str, work_queue: str = "") -> list[Command]:
     return [
         Command("reference", [python, "-c", "import pika"]),
         Command("import", [python, "-c", "import rmqdelay"]),
         Command("help", [rmqdelay, "--help"]),
+        Command("libraries", [python, "-c", "import click, pika, pydantic_settings"]),
+        Command("floor", [python, "-c", FLOOR, work_queue], needs_broker=True),
         Command(
             "publish",
             [rmqdelay, "publish", DESTINATION, "startup bench", "--delay", "10s"],
             needs_broker=True,
         ),
     ]
+
+
+def _shown(command: Command) -> str:
+    if command.name == "floor":
+        return "python -c '<import click, pika, pydantic_settings; connect; publish; close>'"
+    return " ".join(
+        Path(a).name if i == 0 else (repr(a) if " " in a else a) for i, a in enumerate(command.argv)
+    )
 
 
 def _run(argv: list[str], env: dict[str, str]) -> float:
@@ -113,7 +141,8 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
 
 def show(summary: dict[str, dict[str, Any]], shown: dict[str, str], repeats: int) -> None:
     print(f"\nstart-up, median of {repeats} fresh processes (ms):")
-    print(f"  {'command':<58} {'median':>7} {'x ref':>6}  target")
+    width = max(len(text) for text in shown.values())
+    print(f"  {'command':<{width}} {'median':>7} {'x ref':>6}  target")
     for name, row in summary.items():
         verdict = ""
         if "target_ms" in row:
@@ -123,7 +152,7 @@ def show(summary: dict[str, dict[str, Any]], shown: dict[str, str], repeats: int
                 f"<= {row['target_ms']:.0f} ms: {ms}; <= {row['target_ratio']:.2f} x ref: {ratio}"
             )
         print(
-            f"  {shown[name]:<58} {row['median_ms']:>7.0f} "
+            f"  {shown[name]:<{width}} {row['median_ms']:>7.0f} "
             f"{row['ratio_to_reference']:>6.2f}  {verdict}"
         )
 
@@ -159,13 +188,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no {rmqdelay}: install the package in this venv (make venv)")
     prefix = f"bench-startup-{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "RMQDELAY_URL": args.url, "RMQDELAY_PREFIX": prefix}
-    todo = [c for c in commands(python, rmqdelay) if not (c.needs_broker and args.no_publish)]
-    shown = {
-        c.name: " ".join(
-            Path(a).name if i == 0 else (repr(a) if " " in a else a) for i, a in enumerate(c.argv)
-        )
-        for c in todo
-    }
+    # An installed package runs from bytecode caches: the untimed round writes them, which
+    # PYTHONDONTWRITEBYTECODE (set in some shells and CI images) would forbid, so that every
+    # timed run compiled rmqdelay's sources again (about 65 ms, measured).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    from rmqdelay.settings import Settings
+
+    work_queue = Settings(url=args.url, prefix=prefix).layout.work_queue(DESTINATION)
+    todo = [
+        c
+        for c in commands(python, rmqdelay, work_queue)
+        if not (c.needs_broker and args.no_publish)
+    ]
+    shown = {c.name: _shown(c) for c in todo}
 
     load_before = machine_load(2.0)
     print(f"machine busy {load_before['busy_percent']}% before (load {load_before['loadavg']})")
