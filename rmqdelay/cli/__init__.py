@@ -1,4 +1,5 @@
-"""The ``rmqdelay`` command line. Each command group is a module; ``app`` joins them."""
+"""The ``rmqdelay`` command line (click). Each command group is a module; ``app`` joins
+them, and ``main`` is the console script."""
 
 from .app import app, main
 

@@ -1,26 +1,29 @@
-"""Options every CLI command shares, and turning errors into one clear line.
+"""Options every CLI command shares, the click classes of its help, and turning errors
+into one clear line.
 
-Flags win over ``RMQDELAY_*`` environment variables, which win over ``--config``.
+Flags win over ``RMQDELAY_*`` environment variables, which win over ``--config``: the
+settings read the environment (no click ``envvar``), so a flag left out falls through.
 
 Exit codes are the same for every command: 2 when the command line is incomplete or
 contradictory (click's own checks, a missing ``--yes``, flags that exclude each other:
 see :func:`usage_error`), 1 when something was refused or failed after that (settings,
 values, the broker, a timeout), 130 on Ctrl-C. Never a traceback for a user's input.
 
-Start-up time: this module and every command module import only typer at import time
-(``rmqdelay --help`` builds every command). The settings, the broker clients, pydantic
-and rich are imported inside the commands that use them.
+Start-up time: this module and every command module import only click at import time.
+The settings, the broker clients, pydantic and rich are imported inside the commands
+that use them.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import typer
+import click
+from click.exceptions import Exit
 
 from ..errors import RmqDelayError
 
@@ -31,10 +34,12 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 __all__ = [
-    "ConfigOpt",
-    "PrefixOpt",
-    "UrlOpt",
+    "Argument",
+    "Command",
+    "Group",
     "UsageError",
+    "argument",
+    "broker_options",
     "epilog",
     "err",
     "friendly_errors",
@@ -43,28 +48,83 @@ __all__ = [
     "usage_error",
 ]
 
-UrlOpt = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--url",
-        help="AMQP URL (amqps:// for TLS); repeat it, or use commas, for a cluster's nodes. "
-        "Env: RMQDELAY_URL.",
-        show_default=False,
-    ),
-]
-PrefixOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--prefix", help="Name prefix of every object. Env: RMQDELAY_PREFIX.", show_default=False
-    ),
-]
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", help="TOML file of settings (lowest priority).", show_default=False),
-]
-
 P = ParamSpec("P")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Argument(click.Argument):
+    """A positional argument with a help text, which the command's help lists under
+    "Arguments:" (click before 8.5 lists no arguments; 8.5 lists those given ``help``,
+    under "Positional arguments:"). The text is kept as ``description``, not as click
+    8.5's ``help``, so that the help shows it once on every click version."""
+
+    def __init__(self, param_decls: Sequence[str], description: str = "", **attrs: Any) -> None:
+        super().__init__(param_decls, **attrs)
+        self.description = description
+
+    def help_row(self) -> tuple[str, str]:
+        name = self.human_readable_name + ("..." if self.nargs != 1 else "")
+        return name, self.description + ("  [required]" if self.required else "")
+
+
+class Command(click.Command):
+    """A command whose help lists its arguments, each with its help text, before the
+    options."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [p.help_row() for p in self.get_params(ctx) if isinstance(p, Argument)]
+        if rows:
+            with formatter.section("Arguments"):
+                formatter.write_dl(rows)
+        super().format_options(ctx, formatter)
+
+
+class Group(click.Group):
+    """A group that lists its commands in the order they were added (click sorts them),
+    and makes its commands :class:`Command` and its subgroups :class:`Group`."""
+
+    command_class = Command
+    group_class = type  # a subgroup made with @group.group() is a Group too
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+def argument(name: str, help: str, **attrs: Any) -> Callable[[F], F]:
+    """``@click.argument`` with a help text, shown under "Arguments:"."""
+    return click.argument(name, cls=Argument, description=help, **attrs)
+
+
+def broker_options(func: F) -> F:
+    """``--url``, ``--prefix`` and ``--config``, which every command takes, in that order.
+
+    Each is None or empty when not given, so that the ``RMQDELAY_*`` environment and then
+    the config file decide (see :func:`settings_from`)."""
+    for option in reversed(
+        (
+            click.option(
+                "--url",
+                multiple=True,
+                metavar="URL",
+                help="AMQP URL (amqps:// for TLS); repeat it, or use commas, for a cluster's "
+                "nodes. Env: RMQDELAY_URL.",
+            ),
+            click.option(
+                "--prefix",
+                metavar="PREFIX",
+                help="Name prefix of every object. Env: RMQDELAY_PREFIX.",
+            ),
+            click.option(
+                "--config",
+                # no existence check here: the settings say which file is missing
+                type=click.Path(path_type=Path),
+                help="TOML file of settings (lowest priority).",
+            ),
+        )
+    ):
+        func = option(func)
+    return func
 
 
 def epilog(note: str, *examples: str) -> str:
@@ -96,7 +156,7 @@ def out(*, emoji: bool = True) -> Console:
 
 
 def settings_from(
-    url: list[str] | None, prefix: str | None, config: Path | None, **extra: Any
+    url: Sequence[str], prefix: str | None, config: Path | None, **extra: Any
 ) -> Settings:
     """Settings from the shared flags; ``--url`` given more than once lists the nodes."""
     from ..settings import load_settings
@@ -166,7 +226,7 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             message, code = str(exc), 2
         except KeyboardInterrupt:
             err().print("interrupted", highlight=False)
-            raise typer.Exit(130) from None
+            raise Exit(130) from None
         except Exception as exc:
             text = _error_text(exc)
             if text is None:
@@ -175,6 +235,6 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
         from rich.markup import escape
 
         err().print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-        raise typer.Exit(code)
+        raise Exit(code)
 
     return wrapper

@@ -1,16 +1,19 @@
 """``rmqdelay parked``: list, replay and purge parked messages."""
 
+from __future__ import annotations
+
 import json
 from datetime import timedelta
-from typing import TYPE_CHECKING, Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
+from click.exceptions import Exit
 
 from ..errors import DelayError
 from .options import (
-    ConfigOpt,
-    PrefixOpt,
-    UrlOpt,
+    Group,
+    broker_options,
     epilog,
     err,
     friendly_errors,
@@ -37,7 +40,10 @@ PARKED_EPILOG = epilog(
 )
 
 
-app = typer.Typer(help=PARKED_HELP, epilog=PARKED_EPILOG, no_args_is_help=True)
+app = Group("parked", help=PARKED_HELP, epilog=PARKED_EPILOG, no_args_is_help=True)
+_destination = click.option(
+    "-d", "--destination", metavar="DESTINATION", help="Only this destination's."
+)
 
 
 def _timestamp(parked_at: Any) -> str:
@@ -45,17 +51,20 @@ def _timestamp(parked_at: Any) -> str:
 
 
 @app.command("list")
+@_destination
+@click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=100, metavar="N", help="Show at most this many."
+)
+@broker_options
 @friendly_errors
 def parked_list(
-    destination: Annotated[
-        str | None,
-        typer.Option("--destination", "-d", help="Only this destination's.", show_default=False),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON array on stdout.")] = False,
-    limit: Annotated[int, typer.Option("--limit", help="Show at most this many.", min=1)] = 100,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: str | None,
+    as_json: bool,
+    limit: int,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """List parked messages without removing them."""
     from rich.markup import escape
@@ -95,25 +104,20 @@ def parked_list(
 
 
 @app.command("replay")
+@_destination
+@click.option(
+    "--delay", metavar="DURATION", help="Deliver after this delay, e.g. 30s (default: now)."
+)
+@click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Replay at most this many.")
+@broker_options
 @friendly_errors
 def parked_replay(
-    destination: Annotated[
-        str | None,
-        typer.Option("--destination", "-d", help="Only this destination's.", show_default=False),
-    ] = None,
-    delay: Annotated[
-        str | None,
-        typer.Option(
-            "--delay", help="Deliver after this delay, e.g. 30s (default: now).", show_default=False
-        ),
-    ] = None,
-    limit: Annotated[
-        int | None,
-        typer.Option("--limit", help="Replay at most this many.", min=1, show_default=False),
-    ] = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: str | None,
+    delay: str | None,
+    limit: int | None,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Send parked messages back to their destinations, attempt count reset to 1."""
     from rich.markup import escape
@@ -137,7 +141,7 @@ def parked_replay(
             raise DelayError(f"--delay must not be negative, got {delay!r}")
         wait = timedelta(microseconds=micros)
 
-    async def replay() -> "ReplayReport":
+    async def replay() -> ReplayReport:
         async with ParkedQueue(settings) as parked:
             total = await parked.count()
             if total < _PROGRESS_FROM:
@@ -168,22 +172,20 @@ def parked_replay(
         for message_id, why in report.skipped:
             table.add_row(escape(message_id or "-"), escape(why))
         err().print(table)
-        raise typer.Exit(1)
+        raise Exit(1)
 
 
 @app.command("purge")
+@click.option("--yes", is_flag=True, help="Confirm: purged messages are gone for good.")
+@_destination
+@broker_options
 @friendly_errors
 def parked_purge(
-    yes: Annotated[
-        bool, typer.Option("--yes", help="Confirm: purged messages are gone for good.")
-    ] = False,
-    destination: Annotated[
-        str | None,
-        typer.Option("--destination", "-d", help="Only this destination's.", show_default=False),
-    ] = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    yes: bool,
+    destination: str | None,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Delete parked messages for good."""
     if not yes:

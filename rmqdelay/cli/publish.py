@@ -1,19 +1,24 @@
 """``rmqdelay publish`` and ``rmqdelay consume``: one message in, messages out."""
 
+from __future__ import annotations
+
 import base64
 import json
 import sys
 import time
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
+from click.exceptions import Exit
 
 from ..errors import DelayError
 from .options import (
-    ConfigOpt,
-    PrefixOpt,
-    UrlOpt,
+    Command,
+    argument,
+    broker_options,
     epilog,
     err,
     friendly_errors,
@@ -26,13 +31,12 @@ if TYPE_CHECKING:
 
     from ..core.layout import Layout
 
-__all__ = ["commands"]
+__all__ = ["consume", "publish"]
 
 # The broker client, the settings and rich are imported inside the commands: see options.
-commands = typer.Typer()
 
 
-def _parse_headers(pairs: list[str]) -> dict[str, str]:
+def _parse_headers(pairs: Sequence[str]) -> dict[str, str]:
     headers = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -52,26 +56,35 @@ def _parse_at(text: str) -> datetime:
     return at
 
 
-@commands.command(
+@click.command(
     "publish",
+    cls=Command,
     epilog=epilog(
         "",
         "rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m",
         "echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z",
     ),
 )
+@argument("destination", help="The destination (work queue name).")
+@argument("body", help="The body; '-' reads standard input.", default="")
+@click.option("--delay", metavar="DURATION", help="e.g. 1.5s, 15m, 2h30m.")
+@click.option("--at", metavar="TIME", help="Due time, ISO 8601 with a timezone.")
+@click.option("-H", "--header", multiple=True, metavar="KEY=VALUE", help="k=v; repeat.")
+@click.option("--message-id", metavar="ID", help="Default: a new uuid.")
+@click.option("--json", "as_json", is_flag=True, help="Send the body as JSON.")
+@broker_options
 @friendly_errors
 def publish(
-    destination: Annotated[str, typer.Argument(help="The destination (work queue name).")],
-    body: Annotated[str, typer.Argument(help="The body; '-' reads standard input.")] = "",
-    delay: Annotated[str | None, typer.Option(help="e.g. 1.5s, 15m, 2h30m.")] = None,
-    at: Annotated[str | None, typer.Option(help="Due time, ISO 8601 with a timezone.")] = None,
-    header: Annotated[list[str] | None, typer.Option("--header", "-H", help="k=v; repeat.")] = None,
-    message_id: Annotated[str | None, typer.Option(help="Default: a new uuid.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Send the body as JSON.")] = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: str,
+    body: str,
+    delay: str | None,
+    at: str | None,
+    header: tuple[str, ...],
+    message_id: str | None,
+    as_json: bool,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Publish one delayed message and print its id and due time."""
     if (delay is None) == (at is None):
@@ -92,7 +105,7 @@ def publish(
             payload,
             delay=delay,
             at=_parse_at(at) if at is not None else None,
-            headers=_parse_headers(header or []),
+            headers=_parse_headers(header),
             message_id=message_id,
         )
     due = result.due_at.isoformat(timespec="milliseconds")
@@ -120,22 +133,30 @@ def _body_fields(body: bytes) -> dict[str, Any]:
         return {"body": None, "body_base64": base64.b64encode(body).decode()}
 
 
-@commands.command(
+@click.command(
     "consume",
+    cls=Command,
     epilog=epilog(
         "Exits 1 when --timeout passes before --count messages.",
         "rmqdelay consume orders-timeout --count 5 --timeout 30 --json",
     ),
 )
+@argument("destination", help="The destination (work queue name).")
+@click.option("--count", type=click.IntRange(min=1), metavar="N", help="Stop after N messages.")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), metavar="S", help="Give up after S seconds."
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@broker_options
 @friendly_errors
 def consume(
-    destination: Annotated[str, typer.Argument(help="The destination (work queue name).")],
-    count: Annotated[int | None, typer.Option(min=1, help="Stop after N messages.")] = None,
-    timeout: Annotated[float | None, typer.Option(min=0, help="Give up after S seconds.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: str,
+    count: int | None,
+    timeout: float | None,
+    as_json: bool,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Receive, print and ack messages of a destination."""
     from rich.markup import escape
@@ -176,7 +197,7 @@ def consume(
             connection.close()
     if count is not None and received < count:
         err().print(f"timeout: received {received} of {count} messages")
-        raise typer.Exit(1)
+        raise Exit(1)
 
 
 def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
@@ -189,7 +210,7 @@ def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
 class _Cancels:
     """The journal's tombstones, read again when a message comes more than 2 s later."""
 
-    def __init__(self, connection: "pika.BlockingConnection", layout: "Layout") -> None:
+    def __init__(self, connection: pika.BlockingConnection, layout: Layout) -> None:
         from ..core.journal import Tombstones
 
         self.connection, self.layout = connection, layout
@@ -208,7 +229,7 @@ class _Cancels:
         return self.tombstones.is_cancelled(message_id, time.time_ns() // 10**6)
 
 
-def _print_message(props: "pika.BasicProperties", body: bytes, as_json: bool) -> None:
+def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:
     from ..core.messages import DUE_AT
 
     now_ms = time.time_ns() // 1_000_000

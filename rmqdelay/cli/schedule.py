@@ -1,21 +1,33 @@
 """``rmqdelay scheduled list`` and ``rmqdelay cancel``: the schedule journal, read and used."""
 
+from __future__ import annotations
+
 import json
 import time
 from datetime import datetime, timezone
-from typing import Annotated
+from pathlib import Path
 
-import typer
+import click
+from click.exceptions import Exit
 
 from ..errors import DelayError
-from .options import ConfigOpt, PrefixOpt, UrlOpt, epilog, friendly_errors, out, settings_from
+from .options import (
+    Command,
+    Group,
+    argument,
+    broker_options,
+    epilog,
+    friendly_errors,
+    out,
+    settings_from,
+)
 
-__all__ = ["commands", "scheduled_app"]
+__all__ = ["cancel_command", "scheduled_app"]
 
 # The broker clients, the settings and rich are imported when a command runs: see options.
 # Output is printed with emoji off: ids are the user's (no ':smile:' emoji), markup escaped.
-commands = typer.Typer()
-scheduled_app = typer.Typer(
+scheduled_app = Group(
+    "scheduled",
     help="See what is scheduled (what was published while the schedule journal was on).",
     no_args_is_help=True,
 )
@@ -58,22 +70,27 @@ def _due_before(text: str | None) -> int | None:
         "rmqdelay scheduled list --due-before 10m --json",
     ),
 )
+@click.option("-d", "--destination", metavar="DESTINATION", help="Only this destination.")
+@click.option(
+    "--due-before", metavar="TIME", help="Only messages due before: ISO 8601, or 10m from now."
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="At most this many, soonest first.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@broker_options
 @friendly_errors
 def scheduled_list(
-    destination: Annotated[
-        str | None, typer.Option("--destination", "-d", help="Only this destination.")
-    ] = None,
-    due_before: Annotated[
-        str | None,
-        typer.Option("--due-before", help="Only messages due before: ISO 8601, or 10m from now."),
-    ] = None,
-    limit: Annotated[
-        int | None, typer.Option("--limit", min=1, help="At most this many, soonest first.")
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: str | None,
+    due_before: str | None,
+    limit: int | None,
+    as_json: bool,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """List the messages still ahead and not cancelled, soonest first."""
     from rich.console import Console
@@ -139,8 +156,9 @@ def scheduled_list(
     out(emoji=False).print(f"{len(found)} scheduled")
 
 
-@commands.command(
+@click.command(
     "cancel",
+    cls=Command,
     epilog=epilog(
         "A worker acks a cancelled message without calling its handler when it falls "
         "due; a plain AMQP consumer does not know about cancels. Exits 0 only when every "
@@ -148,13 +166,16 @@ def scheduled_list(
         "rmqdelay cancel 3f2b... 9c1d... --json",
     ),
 )
+@argument("message_ids", nargs=-1, required=True, help="Message ids to cancel.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per id.")
+@broker_options
 @friendly_errors
 def cancel_command(
-    message_ids: Annotated[list[str], typer.Argument(help="Message ids to cancel.")],
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per id.")] = False,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    message_ids: tuple[str, ...],
+    as_json: bool,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Cancel scheduled messages: say for each id cancelled, unknown, or too late."""
     from rich.markup import escape
@@ -166,7 +187,7 @@ def cancel_command(
     journal.require_journal(settings.layout, "`cancel`")
     connection = connect_blocking(settings, "cli")
     try:
-        results = journal.cancel(connection, settings.layout, message_ids)
+        results = journal.cancel(connection, settings.layout, list(message_ids))
     finally:
         connection.close()
     for result in results:
@@ -182,4 +203,4 @@ def cancel_command(
         else:
             out(emoji=False).print(f"{shown}: unknown (no record in the schedule journal)")
     if any(r.outcome != "cancelled" for r in results):
-        raise typer.Exit(1)
+        raise Exit(1)

@@ -1,32 +1,34 @@
 """``rmqdelay status``: what is scheduled, waiting, parked and journaled, at a glance."""
 
+from __future__ import annotations
+
 import json
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import typer
+import click
 
-from .options import ConfigOpt, PrefixOpt, UrlOpt, epilog, friendly_errors, out, settings_from
+from .options import Command, broker_options, epilog, friendly_errors, out, settings_from
 
 if TYPE_CHECKING:
     from rich.console import Group
 
     from ..core.status import Status
 
-__all__ = ["commands"]
+__all__ = ["status"]
 
 # rmqdelay.amqp.status.MAX_PARKED_PEEK, for the option's range (a unit test keeps them
 # equal): the broker client and rich are imported when the command runs, see options.
 MAX_PARKED_PEEK = 65_535
-commands = typer.Typer()
 
 
 def _n(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
 
 
-def _render(status: "Status") -> "Group":
+def _render(status: Status) -> Group:
     from rich.console import Group
     from rich.table import Table
 
@@ -66,8 +68,9 @@ def _render(status: "Status") -> "Group":
     return Group(tiers, work, "\n".join(lines))
 
 
-@commands.command(
+@click.command(
     "status",
+    cls=Command,
     epilog=epilog(
         "Counts come from one management API call (or, without it, one passive "
         "declare a queue): the time does not grow with what is waiting, and no configure "
@@ -79,52 +82,55 @@ def _render(status: "Status") -> "Group":
         "rmqdelay status --parked-by-destination",
     ),
 )
+@click.option(
+    "-d",
+    "--destination",
+    multiple=True,
+    metavar="DESTINATION",
+    help="Also show this destination; repeat.",
+)
+@click.option("--json", "as_json", is_flag=True, help="The same data as JSON.")
+@click.option("--prometheus", is_flag=True, help="Prometheus text format (gauges).")
+@click.option("--watch", is_flag=True, help="Refresh every second; Ctrl-C.")
+@click.option("--amqp-only", is_flag=True, help="Passive declares, not the management API.")
+@click.option(
+    "--parked-by-destination",
+    is_flag=True,
+    help="Also count parked messages per destination. This READS them (none is "
+    "removed), so it costs one step per parked message, up to --parked-limit; "
+    "on RabbitMQ 4.0 each read counts toward the parking queue's default "
+    "delivery limit of 20 (see the README's RabbitMQ versions).",
+)
+@click.option(
+    "--parked-limit",
+    type=click.IntRange(1, MAX_PARKED_PEEK),
+    default=10_000,
+    metavar="N",
+    help="Read at most this many parked messages for --parked-by-destination.",
+)
+@broker_options
 @friendly_errors
 def status(
-    destination: Annotated[
-        list[str] | None,
-        typer.Option("--destination", "-d", help="Also show this destination; repeat."),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="The same data as JSON.")] = False,
-    prometheus: Annotated[
-        bool, typer.Option("--prometheus", help="Prometheus text format (gauges).")
-    ] = False,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh every second; Ctrl-C.")] = False,
-    amqp_only: Annotated[
-        bool, typer.Option("--amqp-only", help="Passive declares, not the management API.")
-    ] = False,
-    parked_by_destination: Annotated[
-        bool,
-        typer.Option(
-            "--parked-by-destination",
-            help="Also count parked messages per destination. This READS them (none is "
-            "removed), so it costs one step per parked message, up to --parked-limit; "
-            "on RabbitMQ 4.0 each read counts toward the parking queue's default "
-            "delivery limit of 20 (see the README's RabbitMQ versions).",
-        ),
-    ] = False,
-    parked_limit: Annotated[
-        int,
-        typer.Option(
-            "--parked-limit",
-            min=1,
-            max=MAX_PARKED_PEEK,
-            help="Read at most this many parked messages for --parked-by-destination.",
-        ),
-    ] = 10_000,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: tuple[str, ...],
+    as_json: bool,
+    prometheus: bool,
+    watch: bool,
+    amqp_only: bool,
+    parked_by_destination: bool,
+    parked_limit: int,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Show scheduled messages per tier, work queues, parking and the schedule journal."""
     settings = settings_from(url, prefix, config)
     from ..amqp.status import gather_status
     from ..core.status import prometheus_text
 
-    def snapshot() -> "Status":
+    def snapshot() -> Status:
         return gather_status(
             settings,
-            destination,
+            list(destination) or None,
             use_management=not amqp_only,
             parked_peek=parked_limit if parked_by_destination else None,
         )

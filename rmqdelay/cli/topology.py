@@ -1,13 +1,16 @@
 """``rmqdelay topology``: plan, apply, verify and destroy the broker objects."""
 
-from typing import TYPE_CHECKING, Annotated
+from __future__ import annotations
 
-import typer
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from click.exceptions import Exit
 
 from .options import (
-    ConfigOpt,
-    PrefixOpt,
-    UrlOpt,
+    Group,
+    broker_options,
     epilog,
     err,
     friendly_errors,
@@ -23,24 +26,25 @@ if TYPE_CHECKING:
 __all__ = ["app"]
 
 # The broker client, the settings and rich are imported when a command runs: see options.
-app = typer.Typer(
+app = Group(
+    "topology",
     help="Declare, compare, verify or remove the delay tiers and work queues.",
     no_args_is_help=True,
 )
 
-DestinationsOpt = Annotated[
-    list[str] | None,
-    typer.Option("--destination", "-d", help="A destination (work queue); repeat for more."),
-]
-ManagementUrlOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--management-url",
-        help="Management API, to list bindings and work queues (default: the AMQP host, "
-        "port 15672, https for amqps). Env: RMQDELAY_MANAGEMENT_URL.",
-        show_default=False,
-    ),
-]
+_destinations = click.option(
+    "-d",
+    "--destination",
+    multiple=True,
+    metavar="DESTINATION",
+    help="A destination (work queue); repeat for more.",
+)
+_management_url = click.option(
+    "--management-url",
+    metavar="URL",
+    help="Management API, to list bindings and work queues (default: the AMQP host, "
+    "port 15672, https for amqps). Env: RMQDELAY_MANAGEMENT_URL.",
+)
 _STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unchecked": "dim"}
 
 
@@ -51,14 +55,18 @@ _STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unc
         "rmqdelay topology plan -d orders-timeout",
     ),
 )
+@_destinations
+@broker_options
+@click.option("--show-ok/--no-show-ok", default=False, help="List objects that are fine too.")
+@_management_url
 @friendly_errors
 def topology_plan(
-    destination: DestinationsOpt = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
-    show_ok: Annotated[bool, typer.Option(help="List objects that are fine too.")] = False,
-    management_url: ManagementUrlOpt = None,
+    destination: tuple[str, ...],
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
+    show_ok: bool,
+    management_url: str | None,
 ) -> None:
     """Show what exists, what `apply` would create, and what differs."""
     from rich.table import Table
@@ -67,7 +75,7 @@ def topology_plan(
 
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
-        states = manager.plan(destination or [])
+        states = manager.plan(destination)
         unusable = _management_note(manager, settings, "bindings were not checked")
     table = Table(title=f"topology {settings.prefix} on {settings.masked_url}")
     for column in ("kind", "name", "status", "detail"):
@@ -82,7 +90,7 @@ def topology_plan(
         out().print(table)
     out().print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if counts.get("missing") or counts.get("differs") or unusable:
-        raise typer.Exit(1)
+        raise Exit(1)
 
 
 @app.command(
@@ -91,19 +99,21 @@ def topology_plan(
         "Idempotent; never deletes.", "rmqdelay topology apply -d orders-timeout -d emails"
     ),
 )
+@_destinations
+@broker_options
 @friendly_errors
 def apply(
-    destination: DestinationsOpt = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    destination: tuple[str, ...],
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Declare every tier, exchange, binding, the parking queue and the work queues."""
     from ..amqp.topology_manager import DELIVERY_LIMIT_NOTE, PLACEMENT_NOTE, TopologyManager
 
     settings = settings_from(url, prefix, config)
     with TopologyManager(settings) as manager:
-        topology = manager.apply(destination or [])
+        topology = manager.apply(destination)
     work = [q.name for q in topology.queues if q.role == "work"]
     out().print(
         f"applied {len(topology.exchanges)} exchanges, {len(topology.queues)} queues "
@@ -120,25 +130,28 @@ def apply(
     "verify",
     epilog=epilog("Needs no configure permission.", "rmqdelay topology verify -d orders-timeout"),
 )
+@_destinations
+@broker_options
+@_management_url
 @friendly_errors
 def topology_verify(
-    destination: DestinationsOpt = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
-    management_url: ManagementUrlOpt = None,
+    destination: tuple[str, ...],
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
+    management_url: str | None,
 ) -> None:
     """Check passively that every object exists; exit 1 with the list of problems."""
     from ..amqp.topology_manager import TopologyManager
 
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
-        problems = manager.verify(destination or [])
+        problems = manager.verify(destination)
         unusable = _management_note(manager, settings, "bindings were not checked")
     for problem in problems:
         out().print(f"[red]problem:[/] {problem}", highlight=False)
     if problems or unusable:
-        raise typer.Exit(1)
+        raise Exit(1)
     if manager.management_problem:
         out().print(f"topology {settings.prefix}: exchanges and queues exist; bindings unchecked")
     else:
@@ -149,17 +162,22 @@ def topology_verify(
     "destroy",
     epilog=epilog("Add --force to drop held messages too.", "rmqdelay topology destroy --yes"),
 )
+@click.option("--yes", is_flag=True, help="Confirm the removal.")
+@click.option(
+    "--force/--no-force", default=False, help="Remove queues even when they hold messages."
+)
+@_destinations
+@broker_options
+@_management_url
 @friendly_errors
 def topology_destroy(
-    yes: Annotated[bool, typer.Option("--yes", help="Confirm the removal.")] = False,
-    force: Annotated[
-        bool, typer.Option(help="Remove queues even when they hold messages.")
-    ] = False,
-    destination: DestinationsOpt = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
-    management_url: ManagementUrlOpt = None,
+    yes: bool,
+    force: bool,
+    destination: tuple[str, ...],
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
+    management_url: str | None,
 ) -> None:
     """Remove the prefix's tiers, exchanges, parking and work queues."""
     if not yes:
@@ -171,12 +189,12 @@ def topology_destroy(
         _management_note(
             manager, settings, "only the work queues named with -d are removed", fatal=False
         )
-        deleted = manager.destroy(destination or [], force=force)
+        deleted = manager.destroy(destination, force=force)
     out().print(f"deleted {len(deleted)} objects of {settings.prefix}")
 
 
 def _management_note(
-    manager: "TopologyManager", settings: "Settings", consequence: str, *, fatal: bool = True
+    manager: TopologyManager, settings: Settings, consequence: str, *, fatal: bool = True
 ) -> bool:
     """Say why the management API cannot be used, if so, rather than report bindings
     missing.  Returns True (an error) when the user configured it and ``fatal``: a

@@ -1,19 +1,22 @@
 """``rmqdelay worker``: load a :class:`~rmqdelay.Worker` app and run it."""
 
+from __future__ import annotations
+
 import importlib
 import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import typer
+import click
 
 from ..errors import WorkerError
 from .options import (
-    ConfigOpt,
-    PrefixOpt,
-    UrlOpt,
+    Command,
+    argument,
+    broker_options,
     epilog,
     friendly_errors,
     settings_from,
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
     from ..settings import Settings
     from ..worker.app import Worker
 
-__all__ = ["commands", "load_worker"]
+__all__ = ["load_worker", "worker_command"]
 
 # The worker (aio-pika, pydantic, the settings) is imported when the command runs, not
 # for ``rmqdelay --help``: see options.
@@ -44,14 +47,11 @@ WORKER_EPILOG = epilog(
 )
 
 
-commands = typer.Typer()
-
-
 class AppLoadError(WorkerError):
     """``module:attr`` does not name a Worker."""
 
 
-def load_worker(path: str) -> "Worker":
+def load_worker(path: str) -> Worker:
     """Import ``module:attr`` (or a module holding exactly one Worker) from the cwd too."""
     from ..worker.app import Worker
 
@@ -98,8 +98,8 @@ def load_worker(path: str) -> "Worker":
 
 
 def _worker_settings(
-    worker: "Worker", url: list[str] | None, prefix: str | None, config: Any
-) -> "Settings":
+    worker: Worker, url: tuple[str, ...], prefix: str | None, config: Path | None
+) -> Settings:
     if worker._settings is None:
         return settings_from(url, prefix, config)
     given = [flag for flag, v in (("--url", url), ("--prefix", prefix), ("--config", config)) if v]
@@ -123,7 +123,7 @@ def _queues(value: str | None) -> list[str] | None:
     return names
 
 
-def _describe(worker: "Worker", settings: "Settings", queues: list[str] | None) -> None:
+def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> None:
     for spec in worker.select(settings, queues):
         policy = spec.policy
         log.info(
@@ -137,58 +137,58 @@ def _describe(worker: "Worker", settings: "Settings", queues: list[str] | None) 
         )
 
 
-@commands.command("worker", epilog=WORKER_EPILOG)
+@click.command("worker", cls=Command, epilog=WORKER_EPILOG)
+@argument("app_path", metavar="MODULE:ATTR", help="The rmqdelay.Worker to run, e.g. tasks:app.")
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(1, 10_000),
+    default=8,
+    metavar="N",
+    help="Handlers running at once.",
+)
+@click.option(
+    "--prefetch",
+    type=click.IntRange(1, 65_535),
+    metavar="N",
+    help="Unacked messages per queue (default: --concurrency).",
+)
+@click.option(
+    "-Q",
+    "--queues",
+    metavar="NAMES",
+    help="Only these destinations, comma-separated (default: every handler's).",
+)
+@click.option(
+    "--log-level", default="INFO", metavar="LEVEL", help=f"One of {', '.join(LOG_LEVELS)}."
+)
+@click.option("--log-format", default="text", metavar="FORMAT", help="text (key=value) or json.")
+@click.option(
+    "--shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    metavar="SECONDS",
+    help="Seconds in-flight handlers get to finish.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65_535),
+    metavar="PORT",
+    help="Serve Prometheus metrics on this port.",
+)
+@broker_options
 def worker_command(
-    app_path: Annotated[
-        str,
-        typer.Argument(metavar="MODULE:ATTR", help="The rmqdelay.Worker to run, e.g. tasks:app."),
-    ],
-    concurrency: Annotated[
-        int,
-        typer.Option("--concurrency", "-c", min=1, max=10_000, help="Handlers running at once."),
-    ] = 8,
-    prefetch: Annotated[
-        int | None,
-        typer.Option(
-            "--prefetch",
-            min=1,
-            max=65_535,
-            help="Unacked messages per queue (default: --concurrency).",
-            show_default=False,
-        ),
-    ] = None,
-    queues: Annotated[
-        str | None,
-        typer.Option(
-            "--queues",
-            "-Q",
-            help="Only these destinations, comma-separated (default: every handler's).",
-            show_default=False,
-        ),
-    ] = None,
-    log_level: Annotated[
-        str, typer.Option("--log-level", help=f"One of {', '.join(LOG_LEVELS)}.")
-    ] = "INFO",
-    log_format: Annotated[
-        str, typer.Option("--log-format", help="text (key=value) or json.")
-    ] = "text",
-    shutdown_timeout: Annotated[
-        float,
-        typer.Option("--shutdown-timeout", min=0, help="Seconds in-flight handlers get to finish."),
-    ] = 30.0,
-    metrics_port: Annotated[
-        int | None,
-        typer.Option(
-            "--metrics-port",
-            min=1,
-            max=65_535,
-            help="Serve Prometheus metrics on this port.",
-            show_default=False,
-        ),
-    ] = None,
-    url: UrlOpt = None,
-    prefix: PrefixOpt = None,
-    config: ConfigOpt = None,
+    app_path: str,
+    concurrency: int,
+    prefetch: int | None,
+    queues: str | None,
+    log_level: str,
+    log_format: str,
+    shutdown_timeout: float,
+    metrics_port: int | None,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
 ) -> None:
     """Consume work queues and run their handlers, at least once."""
     code = _run_worker(
@@ -224,9 +224,9 @@ def _run_worker(
     log_format: str,
     shutdown_timeout: float,
     metrics_port: int | None,
-    url: list[str] | None,
+    url: tuple[str, ...],
     prefix: str | None,
-    config: Any,
+    config: Path | None,
 ) -> int | None:
     """Run the worker; return an exit code to leave with at once, or None for a clean 0."""
     if log_format not in ("text", "json"):
@@ -266,6 +266,3 @@ def _run_worker(
     if code == 0 and not runner.abandoned:
         return None
     return code or 1
-
-
-# --------------------------------------------------------------------------- parked

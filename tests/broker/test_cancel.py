@@ -213,7 +213,7 @@ def test_with_the_journal_off_cancel_and_list_name_the_setting(amqp_url: str, pr
 
 
 def test_rmqdelay_consume_honours_cancels(shared_topology: TestTopology) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from rmqdelay.cli import app
 

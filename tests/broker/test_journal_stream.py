@@ -169,7 +169,7 @@ async def test_async_cancel_and_list(settings: Settings) -> None:
 def test_the_cli_lists_and_cancels_and_exits_0_only_when_all_were_cancelled(
     settings: Settings,
 ) -> None:
-    from typer.testing import CliRunner
+    from click.testing import CliRunner
 
     from rmqdelay.cli import app
 

@@ -9,7 +9,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 from brokerctl import BrokerAdmin
-from typer.testing import CliRunner
+from click.testing import CliRunner
 from worker_helpers import make_settings
 
 from rmqdelay import Publisher, Settings

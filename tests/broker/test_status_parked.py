@@ -11,7 +11,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import pika
 import pytest
 from brokerctl import BrokerAdmin
-from typer.testing import CliRunner
+from click.testing import CliRunner
 from worker_helpers import make_settings
 
 from rmqdelay import Settings

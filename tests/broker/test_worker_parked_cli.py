@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 from worker_helpers import (
     Calls,
     TestTopology,
