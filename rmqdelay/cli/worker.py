@@ -177,33 +177,9 @@ def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> N
     help="Serve Prometheus metrics on this port.",
 )
 @broker_options
-def worker_command(
-    app_path: str,
-    concurrency: int,
-    prefetch: int | None,
-    queues: str | None,
-    log_level: str,
-    log_format: str,
-    shutdown_timeout: float,
-    metrics_port: int | None,
-    url: tuple[str, ...],
-    prefix: str | None,
-    config: Path | None,
-) -> None:
+def worker_command(app_path: str, **options: Any) -> None:
     """Consume work queues and run their handlers, at least once."""
-    code = _run_worker(
-        app_path,
-        concurrency=concurrency,
-        prefetch=prefetch,
-        queues=queues,
-        log_level=log_level,
-        log_format=log_format,
-        shutdown_timeout=shutdown_timeout,
-        metrics_port=metrics_port,
-        url=url,
-        prefix=prefix,
-        config=config,
-    )
+    code = _run_worker(app_path, **options)  # the options, typed, are _run_worker's
     if code is None:
         return
     sys.stdout.flush()
