@@ -298,6 +298,22 @@ def sync_rate(
         return _timed(kind, count, t)
 
 
+def sync_send_phase_rate(settings: Settings, count: int, window: int) -> float:
+    """Diagnostic: the sync publisher's ``publish_many`` less its validate-first phase.
+
+    The batch is validated, prepared and ordered (``PublisherCore.prepare``, ``send_order``)
+    before the clock starts; the clock runs what ``publish_many`` does after that (the
+    checks, the journal records, the send and every confirm).
+    """
+    with Publisher(settings, window=window) as publisher:
+        core = publisher.core
+        batch = [core.prepare(**r) for r in _requests(count, 2)]
+        ordered = [batch[i] for i in core.send_order(batch)]
+        with Timed() as t:
+            publisher._run(core._send(ordered))
+        return _timed("sync-send", count, t)
+
+
 def sync_single_rate(settings: Settings, count: int, kind: str = "sync-single") -> float:
     """``publish()`` one message at a time: one confirm per call."""
     with Publisher(settings) as publisher:
@@ -319,6 +335,7 @@ DIAGNOSTICS = (
     "diag: rmqdelay async, delay 0",
     "diag: raw pika, one confirm per publish, rmqdelay's messages to the tiers",
     "diag: raw pika, one call = a message to the tiers and its journal record",
+    "diag: rmqdelay sync, send phase alone (the batch prepared before the clock)",
 )
 
 
@@ -438,6 +455,12 @@ async def run(
             RAW_PIKA_SINGLE,
             single,
             lambda n: thread(raw_pika_single_journal_rate, on, n),
+        )
+        variants[DIAGNOSTICS[5]] = (
+            "sync-send",
+            RAW_PIKA,
+            count,
+            lambda n: thread(sync_send_phase_rate, on, n, window),
         )
     rates: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
