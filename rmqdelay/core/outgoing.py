@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import uuid
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -573,7 +572,7 @@ class PublisherCore:
                 body=p.body if self.journal_bodies else None,
             )
             lines.append(encode_record(record))
-        write_id = f"journal-{uuid.uuid4()}"
+        write_id = f"journal-{new_message_id()}"
         properties = {
             "message_id": write_id,
             "type": JOURNAL_TYPE,
