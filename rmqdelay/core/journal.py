@@ -3,8 +3,15 @@
 A message waiting in a fixed-TTL tier can be neither found nor removed, so every publish
 also appends a small record to a RabbitMQ stream, ``{prefix}.schedule``, and a cancel
 appends a tombstone there. Readers fold the records: ``scheduled list`` keeps what is still
-ahead and not cancelled; a worker keeps the cancelled ids until their due time has passed,
-and acks a cancelled message without calling its handler.
+ahead and not cancelled; a worker keeps the cancelled copies until their due time has
+passed, and acks a cancelled copy without calling its handler.
+
+Every copy counts. Publishing is at-least-once, so one message id can wait in the tiers
+several times with different due times: a publish whose confirm failed and that was sent
+again, a retry, a replay. A copy is its id and its due time (in its ``rmqdelay-due-at``
+header and in its record), and the folds keep each copy: a record written late, after
+the others (its publish had failed, a partition had held it), adds a copy and hides
+none. A tombstone names the due times of the copies it cancels.
 
 A reader cannot ask a stream where its end is, so it appends a ``marker`` record of its
 own and reads until that marker comes back: everything confirmed before it has been seen.
@@ -69,7 +76,13 @@ def max_age(layout: Layout) -> str:
 
 @dataclass(frozen=True)
 class JournalRecord:
-    """One line of the journal. ``due_at_ms`` is 0 for a marker."""
+    """One line of the journal. ``due_at_ms`` is 0 for a marker.
+
+    A tombstone (``cancelled``) cancels the copies of its id due at ``cancels_due_ms``
+    and at ``due_at_ms`` (the latest of them, so a reader that knows only ``due_at_ms``
+    keeps the tombstone as long as it is needed); empty names ``due_at_ms`` alone, as
+    tombstones written before copies were told apart do.
+    """
 
     kind: RecordKind
     message_id: str
@@ -80,6 +93,13 @@ class JournalRecord:
     headers: Mapping[str, Any] = field(default_factory=dict)
     recorded_at_ms: int = 0
     body: bytes | None = None
+    cancels_due_ms: tuple[int, ...] = ()
+
+    def named_due_times(self) -> tuple[int, ...]:
+        """The due times of the copies a tombstone cancels, without repeats."""
+        if not self.cancels_due_ms:
+            return (self.due_at_ms,)
+        return tuple(dict.fromkeys((*self.cancels_due_ms, self.due_at_ms)))
 
 
 def _plain(value: Any) -> Any:
@@ -105,6 +125,8 @@ def encode_record(record: JournalRecord) -> bytes:
         data["n"] = record.body_size
         if record.headers:
             data["h"] = _plain(record.headers)
+    if record.cancels_due_ms:
+        data["c"] = list(record.cancels_due_ms)
     data["t"] = record.recorded_at_ms
     if record.body is not None:
         data["b"] = base64.b64encode(record.body).decode()
@@ -149,6 +171,7 @@ def decode_record(raw: bytes) -> JournalRecord | None:
             headers=dict(data.get("h", {})),
             recorded_at_ms=int(data.get("t", 0)),
             body=base64.b64decode(body) if isinstance(body, str) else None,
+            cancels_due_ms=tuple(int(due) for due in data.get("c", ())),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -166,26 +189,48 @@ def decode_records(raw: bytes) -> list[JournalRecord]:
 
 @dataclass
 class ScheduleView:
-    """What the journal says is scheduled: the latest record per id, and the tombstones.
+    """What the journal says may still be scheduled: every copy, and what cancels it.
 
-    A retry or replay of an id records it again with its new due time, so the latest
-    ``scheduled`` record wins. A tombstone cancels what was recorded before it.
+    A copy is ``(message id, due time)``; the view keeps the last record of each, never
+    only the latest record of an id. A retry or replay records its id again with a new
+    due time: the older copy has fallen due, so :meth:`pending` leaves it out by its
+    time, not because a later record replaced it. A record that comes late (its publish
+    failed, or a partition held it) adds its copy and hides no other.
+
+    A copy is cancelled when a tombstone naming its due time comes after its last
+    record. So a re-schedule of the id with a new due time, recorded after the
+    tombstone, is a copy the tombstone does not name and stays pending; a copy recorded
+    again, same id and due time, after the tombstone is pending again (the two cannot be
+    told apart, in the journal or in a worker).
     """
 
-    latest: dict[str, JournalRecord] = field(default_factory=dict)
-    cancelled: dict[str, JournalRecord] = field(default_factory=dict)
+    copies: dict[tuple[str, int], JournalRecord] = field(default_factory=dict)
+    cancelled: dict[str, set[int]] = field(default_factory=dict)
+    """Per id, the due times named by a tombstone and not recorded again since."""
+    _by_id: dict[str, list[int]] | None = field(default=None, init=False, repr=False)
 
     def add(self, record: JournalRecord) -> None:
+        message_id = record.message_id
         if record.kind == "scheduled":
-            self.latest[record.message_id] = record
-            self.cancelled.pop(record.message_id, None)
+            self.copies[message_id, record.due_at_ms] = record
+            self._by_id = None
+            named = self.cancelled.get(message_id)
+            if named is not None and record.due_at_ms in named:
+                named.discard(record.due_at_ms)
+                if not named:
+                    del self.cancelled[message_id]
         elif record.kind == "cancelled":
-            self.cancelled[record.message_id] = record
+            self.cancelled.setdefault(message_id, set()).update(record.named_due_times())
 
     def extend(self, records: Iterable[JournalRecord]) -> ScheduleView:
         for record in records:
             self.add(record)
         return self
+
+    def is_cancelled(self, message_id: str, due_at_ms: int) -> bool:
+        """Whether a tombstone after the copy's last record names it."""
+        named = self.cancelled.get(message_id)
+        return named is not None and due_at_ms in named
 
     def pending(
         self,
@@ -195,36 +240,59 @@ class ScheduleView:
         due_before_ms: int | None = None,
         limit: int | None = None,
     ) -> list[JournalRecord]:
-        """Records still ahead and not cancelled, soonest first."""
+        """Every copy still ahead and not cancelled, soonest first: an id with several
+        copies waiting appears once per copy."""
+        cancelled = self.cancelled
         found = [
             r
-            for r in self.latest.values()
-            if r.due_at_ms > now_ms
-            and r.message_id not in self.cancelled
+            for (message_id, due), r in self.copies.items()
+            if due > now_ms
+            and (message_id not in cancelled or due not in cancelled[message_id])
             and (destination is None or r.destination == destination)
-            and (due_before_ms is None or r.due_at_ms < due_before_ms)
+            and (due_before_ms is None or due < due_before_ms)
         ]
         found.sort(key=lambda r: (r.due_at_ms, r.message_id))
         return found if limit is None else found[:limit]
 
+    def copies_of(self, message_id: str) -> list[JournalRecord]:
+        """Every copy of ``message_id`` recorded, cancelled or not, soonest first."""
+        if self._by_id is None:
+            by_id: dict[str, list[int]] = {}
+            for key in self.copies:
+                by_id.setdefault(key[0], []).append(key[1])
+            self._by_id = by_id
+        dues = sorted(self._by_id.get(message_id, ()))
+        return [self.copies[message_id, due] for due in dues]
+
     def answer(self, message_id: str, now_ms: int) -> tuple[CancelAnswer, JournalRecord | None]:
-        """What a cancel of ``message_id`` finds: cancelled, unknown, or too late."""
-        record = self.latest.get(message_id)
-        if record is None:
+        """What a cancel of ``message_id`` finds: ``cancelled`` when any copy is still
+        ahead (with the last of them), ``too late`` when every copy is due already (with
+        the last), ``unknown`` without a record. A copy cancelled before counts: a second
+        cancel answers as the first did."""
+        copies = self.copies_of(message_id)
+        if not copies:
             return "unknown", None
-        if record.due_at_ms <= now_ms:
-            return "too late", record
-        return "cancelled", record
+        if copies[-1].due_at_ms <= now_ms:
+            return "too late", copies[-1]
+        return "cancelled", copies[-1]
 
 
 @dataclass(frozen=True)
 class CancelResult:
-    """What a cancel found for one message id."""
+    """What a cancel found for one message id.
+
+    ``due_at_ms`` is the last due time of the copies the answer is about (those still
+    ahead for ``cancelled``, all of them for ``too late``). ``copies`` is how many
+    copies of the id the journal holds; ``cancelled_due_ms`` the due times of those
+    this cancel stopped, soonest first: more than one when a publish was sent again.
+    """
 
     message_id: str
     outcome: CancelAnswer
     due_at_ms: int | None = None
     destination: str | None = None
+    copies: int = 0
+    cancelled_due_ms: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -232,57 +300,106 @@ class CancelResult:
             "outcome": self.outcome,
             "due_at_ms": self.due_at_ms,
             "destination": self.destination,
+            "copies": self.copies,
+            "cancelled_due_ms": list(self.cancelled_due_ms),
         }
 
 
 def plan_cancels(
     view: ScheduleView, message_ids: Iterable[str], now_ms: int
 ) -> tuple[list[CancelResult], list[JournalRecord]]:
-    """The answer for each id, and the tombstones to append for those still ahead."""
+    """The answer for each id, and the tombstones to append for those still ahead.
+
+    A tombstone names every copy recorded for its id, those already due too: such a
+    copy may still wait in its work queue, and a worker then skips it (within
+    :data:`CANCEL_MARGIN_MS`). An id whose copies are all due gets no tombstone: the
+    answer is ``too late``.
+    """
     results: list[CancelResult] = []
     tombstones: list[JournalRecord] = []
     for message_id in dict.fromkeys(message_ids):
-        answer, record = view.answer(message_id, now_ms)
-        if record is None:
+        copies = view.copies_of(message_id)
+        answer, last = view.answer(message_id, now_ms)
+        if last is None:
             results.append(CancelResult(message_id, answer))
             continue
-        results.append(CancelResult(message_id, answer, record.due_at_ms, record.destination))
+        ahead = tuple(c.due_at_ms for c in copies if c.due_at_ms > now_ms)
+        results.append(
+            CancelResult(message_id, answer, last.due_at_ms, last.destination, len(copies), ahead)
+        )
         if answer == "cancelled":
             tombstones.append(
                 JournalRecord(
                     "cancelled",
                     message_id,
-                    record.destination,
-                    record.due_at_ms,
-                    record.attempt,
+                    last.destination,
+                    last.due_at_ms,
+                    last.attempt,
                     recorded_at_ms=now_ms,
+                    # one copy: the tombstone of old, due_at_ms alone names it
+                    cancels_due_ms=tuple(c.due_at_ms for c in copies) if len(copies) > 1 else (),
                 )
             )
     return results, tombstones
 
 
+def _dues(value: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (value,) if isinstance(value, int) else value
+
+
 @dataclass
 class Tombstones:
-    """The cancelled ids a worker honours, each until its due time plus a margin."""
+    """The cancelled copies a worker honours, each until its due time plus a margin.
+
+    Per id, the due times its tombstones name (one int, the usual case, or a tuple:
+    a worker holds many). The worker follows every record, so a ``scheduled`` record
+    of a named copy coming after the tombstone takes that copy out again, as in
+    :class:`ScheduleView`: the worker skips exactly what ``scheduled list`` no longer
+    shows.
+    """
 
     margin_ms: int = CANCEL_MARGIN_MS
-    until_ms: dict[str, int] = field(default_factory=dict)
+    due_ms: dict[str, int | tuple[int, ...]] = field(default_factory=dict)
 
     def add(self, record: JournalRecord) -> None:
+        message_id = record.message_id
+        held = self.due_ms.get(message_id)
         if record.kind == "cancelled":
-            keep = record.due_at_ms + self.margin_ms
-            self.until_ms[record.message_id] = max(keep, self.until_ms.get(record.message_id, 0))
+            named = record.named_due_times()
+            if held is None and len(named) == 1:
+                self.due_ms[message_id] = named[0]
+                return
+            dues = tuple(sorted({*named, *(_dues(held) if held is not None else ())}))
+            self.due_ms[message_id] = dues[0] if len(dues) == 1 else dues
+        elif record.kind == "scheduled" and held is not None:
+            rest = tuple(d for d in _dues(held) if d != record.due_at_ms)
+            if not rest:
+                del self.due_ms[message_id]
+            else:
+                self.due_ms[message_id] = rest[0] if len(rest) == 1 else rest
 
-    def is_cancelled(self, message_id: str, now_ms: int) -> bool:
-        until = self.until_ms.get(message_id)
-        return until is not None and now_ms <= until
+    def is_cancelled(self, message_id: str, now_ms: int, due_at_ms: int | None = None) -> bool:
+        """Whether the copy of ``message_id`` due at ``due_at_ms`` is cancelled. A
+        delivery without a due time (no ``rmqdelay-due-at`` header) is taken for any
+        cancelled copy of its id."""
+        held = self.due_ms.get(message_id)
+        if held is None:
+            return False
+        if due_at_ms is None:
+            return any(now_ms <= due + self.margin_ms for due in _dues(held))
+        return due_at_ms in _dues(held) and now_ms <= due_at_ms + self.margin_ms
 
     def expire(self, now_ms: int) -> int:
-        """Forget tombstones past their time; return how many were dropped."""
-        old = [k for k, until in self.until_ms.items() if until < now_ms]
-        for key in old:
-            del self.until_ms[key]
-        return len(old)
+        """Forget copies past their time; return how many ids were dropped whole."""
+        dropped = 0
+        for message_id, held in list(self.due_ms.items()):
+            keep = tuple(d for d in _dues(held) if d + self.margin_ms >= now_ms)
+            if not keep:
+                del self.due_ms[message_id]
+                dropped += 1
+            elif len(keep) != len(_dues(held)):
+                self.due_ms[message_id] = keep[0] if len(keep) == 1 else keep
+        return dropped
 
     def __len__(self) -> int:
-        return len(self.until_ms)
+        return len(self.due_ms)

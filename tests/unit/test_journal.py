@@ -34,6 +34,7 @@ records = st.builds(
     headers=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3),
     recorded_at_ms=st.integers(0, 2**53),
     body=st.none() | st.binary(max_size=20),
+    cancels_due_ms=st.lists(st.integers(0, 2**53), max_size=3).map(tuple),
 )
 
 
@@ -65,27 +66,130 @@ def test_unreadable_records_are_skipped() -> None:
     assert decode_record(b'{"v": 1, "k": "bogus", "id": "x"}') is None
 
 
-@given(st.lists(records, max_size=40), st.integers(0, 2**53))
-def test_pending_is_the_latest_uncancelled_future_record_per_id_soonest_first(
+# A small world of ids and due times, so that copies of one id and tombstones naming
+# them meet often.
+few_ids = st.sampled_from(["a", "b", "c"])
+few_dues = st.integers(0, 8).map(lambda i: 1000 * i)
+copy_records = st.builds(
+    JournalRecord,
+    kind=st.just("scheduled"),
+    message_id=few_ids,
+    destination=st.sampled_from(["orders", "emails"]),
+    due_at_ms=few_dues,
+    attempt=st.integers(1, 3),
+)
+tombstone_records = st.builds(
+    JournalRecord,
+    kind=st.just("cancelled"),
+    message_id=few_ids,
+    destination=st.just("orders"),
+    due_at_ms=few_dues,
+    cancels_due_ms=st.lists(few_dues, max_size=3).map(tuple),
+)
+histories = st.lists(copy_records | tombstone_records, max_size=30)
+nows = st.integers(-1, 9000)
+
+
+def model_pending(history: list[JournalRecord], now: int) -> dict[tuple[str, int], JournalRecord]:
+    """The rule, walked by hand: a copy (id, due time) is pending when its due time is
+    ahead and no tombstone naming it comes after its last record."""
+    last: dict[tuple[str, int], tuple[int, JournalRecord]] = {}
+    cancelled_at: dict[tuple[str, int], int] = {}
+    for i, record in enumerate(history):
+        if record.kind == "scheduled":
+            last[record.message_id, record.due_at_ms] = (i, record)
+        else:
+            for due in {record.due_at_ms, *record.cancels_due_ms}:
+                cancelled_at[record.message_id, due] = i
+    return {
+        key: record
+        for key, (i, record) in last.items()
+        if key[1] > now and cancelled_at.get(key, -1) < i
+    }
+
+
+def _copies(records: list[JournalRecord]) -> list[tuple[str, int]]:
+    return [(r.message_id, r.due_at_ms) for r in records]
+
+
+@given(histories, nows)
+def test_pending_is_every_future_copy_without_a_tombstone_after_it_soonest_first(
+    history: list[JournalRecord], now: int
+) -> None:
+    pending = ScheduleView().extend(history).pending(now)
+    expected = model_pending(history, now)
+    assert sorted(_copies(pending)) == sorted(expected)
+    assert len(pending) == len(expected)  # a copy once, however often it was recorded
+    assert all(r == expected[r.message_id, r.due_at_ms] for r in pending)  # its last record
+    assert [r.due_at_ms for r in pending] == sorted(r.due_at_ms for r in pending)
+
+
+@given(st.lists(copy_records, max_size=20).flatmap(lambda h: st.permutations(h)), nows)
+def test_without_cancels_the_order_of_the_records_does_not_matter(
+    history: list[JournalRecord], now: int
+) -> None:
+    """Records in any order (late ones anywhere): every copy still ahead is pending."""
+    pending = ScheduleView().extend(history).pending(now)
+    assert set(_copies(pending)) == {
+        (r.message_id, r.due_at_ms) for r in history if r.due_at_ms > now
+    }
+
+
+@given(histories, copy_records, st.integers(0, 30), nows)
+def test_a_late_record_anywhere_hides_no_copy(
+    history: list[JournalRecord], late: JournalRecord, where: int, now: int
+) -> None:
+    """A record written late, wherever it lands, only adds: what was pending stays so."""
+    before = set(_copies(ScheduleView().extend(history).pending(now)))
+    where = min(where, len(history))
+    after = ScheduleView().extend([*history[:where], late, *history[where:]]).pending(now)
+    assert before <= set(_copies(after))
+
+
+@given(histories, nows)
+def test_a_worker_skips_exactly_the_copies_the_list_leaves_out_as_cancelled(
     history: list[JournalRecord], now: int
 ) -> None:
     view = ScheduleView().extend(history)
-    pending = view.pending(now)
-    # a model: walk the history; the last scheduled record per id counts unless a
-    # tombstone came after it
-    latest: dict[str, JournalRecord] = {}
-    cancelled: set[str] = set()
+    stones = Tombstones()
     for record in history:
-        if record.kind == "scheduled":
-            latest[record.message_id] = record
-            cancelled.discard(record.message_id)
+        stones.add(record)
+    for message_id, due in {(r.message_id, r.due_at_ms) for r in history}:
+        if due > now:
+            listed = (message_id, due) in set(_copies(view.pending(now)))
+            assert stones.is_cancelled(message_id, now, due) == (not listed)
+            assert view.is_cancelled(message_id, due) == (not listed)
+
+
+@given(histories, st.lists(few_ids, min_size=1, max_size=3), nows)
+def test_a_cancel_stops_every_copy_ahead_and_answers_by_the_last_one(
+    history: list[JournalRecord], ids: list[str], now: int
+) -> None:
+    view = ScheduleView().extend(history)
+    results, tombstones = plan_cancels(view, ids, now)
+    for result in results:
+        copies = {
+            r.due_at_ms
+            for r in history
+            if r.kind == "scheduled" and r.message_id == result.message_id
+        }
+        ahead = sorted(d for d in copies if d > now)
+        assert result.copies == len(copies)
+        assert result.cancelled_due_ms == tuple(ahead)
+        if not copies:
+            assert result.outcome == "unknown"
+        elif ahead:
+            assert (result.outcome, result.due_at_ms) == ("cancelled", ahead[-1])
         else:
-            cancelled.add(record.message_id)
-    expected = {
-        r.message_id for r in latest.values() if r.due_at_ms > now and r.message_id not in cancelled
-    }
-    assert {r.message_id for r in pending} == expected
-    assert [r.due_at_ms for r in pending] == sorted(r.due_at_ms for r in pending)
+            assert (result.outcome, result.due_at_ms) == ("too late", max(copies))
+    stones = Tombstones()
+    for record in [*history, *tombstones]:
+        stones.add(record)
+    after = view.extend(tombstones)
+    assert not {r.message_id for r in after.pending(now)} & set(ids)
+    for result in results:
+        for due in result.cancelled_due_ms:
+            assert stones.is_cancelled(result.message_id, now, due)
 
 
 def test_pending_filters_by_destination_due_time_and_limit() -> None:
@@ -165,3 +269,108 @@ def test_a_batch_of_records_is_one_message_that_reads_back_whole(
     batch: list[JournalRecord],
 ) -> None:
     assert decode_records(encode_records(batch)) == batch
+
+
+# Issue 17: the 20 messages in flight when a partition started. Each id got three
+# records: due D, then D + 60.4 s (the copy finally confirmed), then D + 30.2 s, written
+# after the partition ended by a publish whose confirm had failed.
+D = 1_800_000_000_000
+CONFIRMED, LATE = D + 60_400, D + 30_200
+IN_FLIGHT = [f"m{i:02}" for i in range(20)]
+
+
+def _partition_journal() -> list[JournalRecord]:
+    others = [JournalRecord("scheduled", f"other{i}", "orders", D - 5_000 + i) for i in range(5)]
+    return [
+        *others,
+        *(JournalRecord("scheduled", m, "orders", D, recorded_at_ms=D - 9_000) for m in IN_FLIGHT),
+        *(JournalRecord("scheduled", m, "orders", CONFIRMED, recorded_at_ms=D) for m in IN_FLIGHT),
+        *(
+            JournalRecord("scheduled", m, "orders", LATE, recorded_at_ms=D + 2_000)
+            for m in IN_FLIGHT
+        ),
+    ]
+
+
+def test_issue_17_every_copy_of_the_partition_sequence_is_listed_while_ahead() -> None:
+    view = ScheduleView().extend(_partition_journal())
+    copies: dict[str, list[int]] = {m: [] for m in IN_FLIGHT}
+    for record in view.pending(D - 1):
+        copies.setdefault(record.message_id, []).append(record.due_at_ms)
+    assert all(copies[m] == [D, LATE, CONFIRMED] for m in IN_FLIGHT)
+    assert _copies(view.pending(D)) == [(m, LATE) for m in IN_FLIGHT] + [
+        (m, CONFIRMED) for m in IN_FLIGHT
+    ]
+    # the late record is past: the confirmed copy, due last, is still listed (the bug
+    # listed nothing here, the late record having replaced it)
+    assert _copies(view.pending(LATE)) == [(m, CONFIRMED) for m in IN_FLIGHT]
+    assert view.pending(CONFIRMED) == []
+
+
+def test_issue_17_a_cancel_between_the_late_and_the_confirmed_copy_cancels_every_copy() -> None:
+    view = ScheduleView().extend(_partition_journal())
+    now = LATE + 1_000
+    results, tombstones = plan_cancels(view, IN_FLIGHT[:5], now)
+    assert [(r.outcome, r.due_at_ms, r.copies, r.cancelled_due_ms) for r in results] == [
+        ("cancelled", CONFIRMED, 3, (CONFIRMED,))
+    ] * 5
+    assert {t.named_due_times() for t in tombstones} == {(D, LATE, CONFIRMED)}
+    view.extend(tombstones)
+    assert {r.message_id for r in view.pending(now)} == set(IN_FLIGHT[5:])
+    # a worker skips the confirmed copy, and the stale one delivered after it
+    stones = Tombstones()
+    for record in [*_partition_journal(), *tombstones]:
+        stones.add(record)
+    assert stones.is_cancelled("m00", CONFIRMED + 100, CONFIRMED)
+    assert stones.is_cancelled("m00", CONFIRMED + 500, LATE)
+    assert not stones.is_cancelled("m05", CONFIRMED + 100, CONFIRMED)
+    # once every copy is due, a cancel is too late, and says so for the last of them
+    [late] = plan_cancels(ScheduleView().extend(_partition_journal()), ["m00"], CONFIRMED)[0]
+    assert (late.outcome, late.due_at_ms, late.copies, late.cancelled_due_ms) == (
+        "too late",
+        CONFIRMED,
+        3,
+        (),
+    )
+
+
+def test_a_re_schedule_recorded_after_the_tombstone_is_not_swallowed() -> None:
+    history = [JournalRecord("scheduled", "a", "orders", 5000)]
+    _, tombstones = plan_cancels(ScheduleView().extend(history), ["a"], 1000)
+    history += [*tombstones, JournalRecord("scheduled", "a", "orders", 7000, attempt=1)]
+    assert _copies(ScheduleView().extend(history).pending(1000)) == [("a", 7000)]
+    stones = Tombstones()
+    for record in history:
+        stones.add(record)
+    assert stones.is_cancelled("a", 5000, 5000)
+    assert not stones.is_cancelled("a", 7000, 7000)
+
+
+def test_tombstones_keep_each_named_copy_until_its_own_due_time_plus_margin() -> None:
+    stones = Tombstones(margin_ms=100)
+    stones.add(JournalRecord("cancelled", "a", "orders", 3000, cancels_due_ms=(1000, 2000, 3000)))
+    stones.add(JournalRecord("cancelled", "a", "orders", 4000))  # a second cancel adds
+    assert len(stones) == 1
+    assert [stones.is_cancelled("a", 1000, due) for due in (1000, 2000, 3000, 4000, 1500)] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert not stones.is_cancelled("a", 1101, 1000)  # past its own margin
+    assert stones.is_cancelled("a", 4100)  # no due time: any copy still in its margin
+    assert not stones.is_cancelled("a", 4101)
+    assert stones.expire(2500) == 0 and not stones.is_cancelled("a", 2000, 2000)
+    assert stones.is_cancelled("a", 2500, 3000)
+    assert stones.expire(4101) == 1 and len(stones) == 0
+
+
+def test_a_tombstone_names_its_copies_and_older_readers_still_see_the_last() -> None:
+    stone = JournalRecord("cancelled", "a", "orders", 3000, cancels_due_ms=(1000, 3000))
+    raw = encode_record(stone)
+    assert b'"due":3000' in raw and b'"c":[1000,3000]' in raw
+    assert decode_record(raw) == stone
+    # a tombstone written before copies were told apart names its due time alone
+    old = decode_record(b'{"v":1,"k":"cancelled","id":"a","d":"orders","due":3000,"a":1,"n":0}')
+    assert old is not None and old.named_due_times() == (3000,)
