@@ -394,7 +394,7 @@ class RunningWorker:
     ) -> None:
         received = read_delivery(message)
         fields = {"destination": spec.destination, **received.fields}
-        if self._is_cancelled(received.message_id):
+        if self._is_cancelled(received):
             # cancelled through the journal: settle it without calling the handler
             await message.ack()
             log.info("cancelled", extra={**fields, "outcome": "cancelled"})
@@ -421,12 +421,16 @@ class RunningWorker:
         decision = decide(error, received.attempt, spec.policy, self._rng.random())
         await session.settler.settle(spec, message, received, decision, failure, fields)
 
-    def _is_cancelled(self, message_id: str) -> bool:
+    def _is_cancelled(self, received: Received) -> bool:
+        """Whether a tombstone names this copy: its id and its due time (the header's),
+        so a cancel skips every copy it named, and not a later re-schedule of the id."""
         now_ms = time.time_ns() // 10**6
         if now_ms - self._expired_at_ms > 60_000:  # forget tombstones past their time
             self.tombstones.expire(now_ms)
             self._expired_at_ms = now_ms
-        return self.tombstones.is_cancelled(message_id, now_ms)
+        due = received.due_at
+        due_ms = None if due is None else round(due.timestamp() * 1000)
+        return self.tombstones.is_cancelled(received.message_id, now_ms, due_ms)
 
     async def _call(
         self,
