@@ -180,7 +180,7 @@ def consume(
         channel.basic_qos(prefetch_count=min(count or 100, 100))
         for method, props, body in channel.consume(queue, inactivity_timeout=0.1):
             if method is not None and props is not None and body is not None:
-                if cancels.has(props.message_id):  # cancelled: settle it, show nothing
+                if cancels.has(props):  # cancelled: settle it, show nothing
                     channel.basic_ack(int(method.delivery_tag or 0))
                     err().print(f"cancelled: {escape(props.message_id or '-')} (acked, not shown)")
                     continue
@@ -208,7 +208,12 @@ def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
 
 
 class _Cancels:
-    """The journal's tombstones, read again when a message comes more than 2 s later."""
+    """The journal's tombstones, read again when a message comes more than 2 s later.
+
+    A tombstone names copies (id and due time), so a message is asked about by both:
+    a copy re-scheduled after the cancel is shown. Reading the journal again from its
+    start folds to the same tombstones (each copy's last record decides).
+    """
 
     def __init__(self, connection: pika.BlockingConnection, layout: Layout) -> None:
         from ..core.journal import Tombstones
@@ -217,7 +222,11 @@ class _Cancels:
         self.tombstones: Tombstones = Tombstones()
         self.read_at = 0.0
 
-    def has(self, message_id: str | None) -> bool:
+    def has(self, props: pika.BasicProperties) -> bool:
+        from ..core.messages import DUE_AT
+        from ..core.parking import header_int
+
+        message_id = props.message_id
         if not self.layout.journal or message_id is None:
             return False
         if time.monotonic() - self.read_at > 2.0:
@@ -226,7 +235,9 @@ class _Cancels:
             for record in read_journal(self.connection, self.layout):
                 self.tombstones.add(record)
             self.read_at = time.monotonic()
-        return self.tombstones.is_cancelled(message_id, time.time_ns() // 10**6)
+        due_ms = header_int(props.headers or {}, DUE_AT, -1)
+        now_ms = time.time_ns() // 10**6
+        return self.tombstones.is_cancelled(message_id, now_ms, due_ms if due_ms >= 0 else None)
 
 
 def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:
