@@ -240,7 +240,12 @@ def list_scheduled(
     timeout: float = 30.0,
     progress: Callable[[int], None] | None = None,
 ) -> list[JournalRecord]:
-    """What is still ahead and not cancelled, soonest first (while the journal was on)."""
+    """Every copy still ahead and not cancelled, soonest first (while the journal was on).
+
+    One id can wait as several copies, each its own record (a publish sent again after
+    its confirm failed, a retry): each copy still ahead is listed, and a record that
+    came late hides none (:class:`~rmqdelay.core.journal.ScheduleView`).
+    """
     view = ScheduleView().extend(
         read_journal(connection, layout, timeout=timeout, progress=progress)
     )
@@ -256,7 +261,9 @@ def cancel(
     *,
     timeout: float = 30.0,
 ) -> list[CancelResult]:
-    """Tombstone each id still ahead; say for each: cancelled, unknown or too late."""
+    """Tombstone every copy of each id; say for each: ``cancelled`` when any copy is
+    still ahead (``cancelled_due_ms`` names them), ``too late`` when every copy is due
+    already (no tombstone), ``unknown`` without a record."""
     view = ScheduleView().extend(read_journal(connection, layout, timeout=timeout))
     results, tombstones = plan_cancels(view, message_ids, _now_ms())
     if tombstones:

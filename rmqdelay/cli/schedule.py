@@ -6,6 +6,7 @@ import json
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.exceptions import Exit
@@ -21,6 +22,9 @@ from .options import (
     out,
     settings_from,
 )
+
+if TYPE_CHECKING:
+    from ..core.journal import CancelResult, JournalRecord
 
 __all__ = ["cancel_command", "scheduled_app"]
 
@@ -65,7 +69,9 @@ def _due_before(text: str | None) -> int | None:
     epilog=epilog(
         "Shows what was published while the schedule journal was on "
         "(schedule_journal = true), read from the `{prefix}.schedule` stream, minus what "
-        "was cancelled or is already due.",
+        "was cancelled or is already due. An id published more than once (a publish sent "
+        "again after its confirm failed, a retry) shows one row per copy still ahead, "
+        "with a copy column (2/3: its second copy of three).",
         "rmqdelay scheduled list --destination orders-timeout --limit 20",
         "rmqdelay scheduled list --due-before 10m --json",
     ),
@@ -92,7 +98,7 @@ def scheduled_list(
     prefix: str | None,
     config: Path | None,
 ) -> None:
-    """List the messages still ahead and not cancelled, soonest first."""
+    """List the messages still ahead and not cancelled, soonest first, every copy."""
     from rich.console import Console
     from rich.markup import escape
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -126,13 +132,15 @@ def scheduled_list(
                 settings.layout,
                 destination=destination,
                 due_before_ms=before,
-                limit=limit,
                 progress=seen,
             )
         finally:
             connection.close()
+    # copies are counted over everything the filters let through, then --limit cuts
+    copy, copies = _number_copies(found)
+    shown = found if limit is None else found[:limit]
     if as_json:
-        for record in found:
+        for i, record in enumerate(shown):
             row = {
                 "message_id": record.message_id,
                 "destination": record.destination,
@@ -140,20 +148,38 @@ def scheduled_list(
                 "attempt": record.attempt,
                 "body_size": record.body_size,
                 "headers": dict(record.headers),
+                "copy": copy[i],
+                "copies": copies[record.message_id],
             }
             print(json.dumps(row, separators=(",", ":")))
         return
-    table = Table("due at (UTC)", "destination", "message id", "attempt", "bytes")
-    for record in found:
-        table.add_row(
+    several = len({r.message_id for r in shown if copies[r.message_id] > 1})
+    columns = ["due at (UTC)", "destination", "message id", "attempt", "bytes"]
+    table = Table(*columns, *(["copy"] if several else []))
+    for i, record in enumerate(shown):
+        cells = [
             _when(record.due_at_ms),
             record.destination,
             escape(record.message_id),
             str(record.attempt),
             str(record.body_size),
-        )
+        ]
+        table.add_row(*cells, *([f"{copy[i]}/{copies[record.message_id]}"] if several else []))
     out(emoji=False).print(table)
-    out(emoji=False).print(f"{len(found)} scheduled")
+    summary = f"{len(shown)} scheduled"
+    if several:
+        summary += f" ({several} message id(s) with more than one copy ahead)"
+    out(emoji=False).print(summary)
+
+
+def _number_copies(found: list[JournalRecord]) -> tuple[list[int], dict[str, int]]:
+    """Each row's copy number within its id (soonest first), and each id's copies."""
+    copy: list[int] = []
+    copies: dict[str, int] = {}
+    for record in found:
+        copies[record.message_id] = copies.get(record.message_id, 0) + 1
+        copy.append(copies[record.message_id])
+    return copy, copies
 
 
 @click.command(
@@ -161,8 +187,10 @@ def scheduled_list(
     cls=Command,
     epilog=epilog(
         "A worker acks a cancelled message without calling its handler when it falls "
-        "due; a plain AMQP consumer does not know about cancels. Exits 0 only when every "
-        "id was cancelled.",
+        "due; a plain AMQP consumer does not know about cancels. Every copy of an id "
+        "is cancelled (one id can wait as several copies: a publish sent again after its "
+        "confirm failed, a retry); 'too late' means every copy is due already. Exits 0 "
+        "only when every id was cancelled.",
         "rmqdelay cancel 3f2b... 9c1d... --json",
     ),
 )
@@ -191,16 +219,31 @@ def cancel_command(
     finally:
         connection.close()
     for result in results:
-        shown = escape(result.message_id)
         if as_json:
             print(json.dumps(result.to_json(), separators=(",", ":")))
-        elif result.outcome == "cancelled" and result.due_at_ms is not None:
-            out(emoji=False).print(f"{shown}: cancelled (was due {_when(result.due_at_ms)})")
-        elif result.outcome == "too late" and result.due_at_ms is not None:
-            out(emoji=False).print(
-                f"{shown}: too late (due {_when(result.due_at_ms)}; it may have been delivered)"
-            )
         else:
-            out(emoji=False).print(f"{shown}: unknown (no record in the schedule journal)")
+            out(emoji=False).print(f"{escape(result.message_id)}: {_said(result)}")
     if any(r.outcome != "cancelled" for r in results):
         raise Exit(1)
+
+
+def _said(result: CancelResult) -> str:
+    """A cancel's answer in words: how many copies it stopped when there were several."""
+    ahead = result.cancelled_due_ms or ((result.due_at_ms,) if result.due_at_ms is not None else ())
+    if result.outcome == "cancelled" and ahead:
+        due = ", ".join(_when(ms) for ms in ahead)
+        if len(ahead) == 1:
+            said = f"cancelled (was due {due}"
+        else:
+            said = f"cancelled {len(ahead)} copies (were due {due}"
+        past = result.copies - len(ahead)
+        return said + (f"; {past} more already due)" if past > 0 else ")")
+    if result.outcome == "too late" and result.due_at_ms is not None:
+        due = _when(result.due_at_ms)
+        if result.copies > 1:
+            return (
+                f"too late (all {result.copies} copies due, the last {due}; "
+                "they may have been delivered)"
+            )
+        return f"too late (due {due}; it may have been delivered)"
+    return "unknown (no record in the schedule journal)"

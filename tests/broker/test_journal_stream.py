@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aio_pika
@@ -197,3 +198,101 @@ def test_the_cli_lists_and_cancels_and_exits_0_only_when_all_were_cancelled(
         app, ["scheduled", "list"], env={**env, "RMQDELAY_SCHEDULE_JOURNAL": "false"}
     )
     assert off.exit_code == 1 and "schedule_journal" in off.output
+
+
+def _partition_journal(settings: Settings) -> tuple[int, list[str]]:
+    """Issue 17's sequence on the stream: 20 ids in flight, each with three records, due
+    D, then D + 60.4 s (the copy finally confirmed), then D + 30.2 s appended last (a
+    publish whose confirm had failed, recorded after the partition). For p0..p4, D was
+    31 s ago: only the confirmed copy is ahead (the five the latest-record fold hid);
+    for p5..p19, D was 1 s ago: the late and the confirmed copy are ahead."""
+    now = time.time_ns() // 10**6
+    first = {f"p{i}": now - (31_000 if i < 5 else 1_000) for i in range(20)}
+    _append(settings, [JournalRecord("scheduled", "before", "orders", now + 90_000)])
+    for offset in (0, 60_400, 30_200):
+        _append(
+            settings,
+            [
+                JournalRecord("scheduled", m, "orders", d + offset, recorded_at_ms=now)
+                for m, d in first.items()
+            ],
+        )
+    return now - 31_000, list(first)
+
+
+def test_after_a_partition_list_shows_every_copy_ahead_and_cancel_stops_each(
+    settings: Settings, amqp_url: str
+) -> None:
+    from click.testing import CliRunner
+
+    from rmqdelay.cli import app
+
+    d, ids = _partition_journal(settings)
+    confirmed, late = d + 60_400, d + 30_200
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        listed = list_scheduled(connection, settings.layout)
+        by_id: dict[str, list[int]] = {}
+        for record in listed:
+            by_id.setdefault(record.message_id, []).append(record.due_at_ms)
+        assert [by_id[m] for m in ids[:5]] == [[confirmed]] * 5  # the five the bug hid
+        assert [by_id[m] for m in ids[5:]] == [[late + 30_000, confirmed + 30_000]] * 15
+        [stopped, both] = cancel(connection, settings.layout, ["p0", "p5"])
+        assert (stopped.outcome, stopped.due_at_ms, stopped.copies) == ("cancelled", confirmed, 3)
+        assert stopped.cancelled_due_ms == (confirmed,)
+        assert (both.outcome, both.copies) == ("cancelled", 3)
+        assert both.cancelled_due_ms == (late + 30_000, confirmed + 30_000)
+        tombstones = [r for r in read_journal(connection, settings.layout) if r.kind == "cancelled"]
+        assert [(t.message_id, t.named_due_times()) for t in tombstones] == [
+            ("p0", (d, late, confirmed)),
+            ("p5", (d + 30_000, late + 30_000, confirmed + 30_000)),
+        ]
+        after = {r.message_id for r in list_scheduled(connection, settings.layout)}
+        assert "p0" not in after and "p5" not in after and "p1" in after and "p6" in after
+    finally:
+        connection.close()
+
+    env = {
+        "RMQDELAY_URL": amqp_url,
+        "RMQDELAY_PREFIX": settings.prefix,
+        "RMQDELAY_MAX_DELAY": "1m",
+    }
+    runner = CliRunner()
+    rows = runner.invoke(app, ["scheduled", "list", "--json"], env=env)
+    assert rows.exit_code == 0, rows.output
+    p6 = [json.loads(line) for line in rows.output.splitlines() if '"p6"' in line]
+    assert [(r["due_at_ms"], r["copy"], r["copies"]) for r in p6] == [
+        (late + 30_000, 1, 2),
+        (confirmed + 30_000, 2, 2),
+    ]
+    table = runner.invoke(app, ["scheduled", "list", "-d", "orders"], env=env)
+    assert table.exit_code == 0, table.output
+    assert "copy" in table.output and "2/2" in table.output
+    assert "15 message id(s) with more than one copy ahead" not in table.output  # p5 gone
+    assert "14 message id(s) with more than one copy ahead" in table.output
+    said = runner.invoke(app, ["cancel", "p6", "p1"], env=env)
+    assert said.exit_code == 0, said.output
+    assert "p6: cancelled 2 copies (were due" in said.output
+    assert "; 1 more already due)" in said.output
+    assert "p1: cancelled (was due" in said.output
+
+
+async def test_async_list_and_cancel_see_every_copy_too(settings: Settings, amqp_url: str) -> None:
+    d, _ = _partition_journal(settings)
+    confirmed = d + 60_400
+    connection = await aio_pika.connect(amqp_url)
+    try:
+        listed = await list_scheduled_async(connection, settings.layout)
+        assert [r.due_at_ms for r in listed if r.message_id == "p3"] == [confirmed]
+        assert len(listed) == 5 + 2 * 15 + 1
+        [result] = await cancel_async(connection, settings.layout, ["p3"])
+        assert (result.outcome, result.copies, result.cancelled_due_ms) == (
+            "cancelled",
+            3,
+            (confirmed,),
+        )
+        after = await list_scheduled_async(connection, settings.layout)
+        assert [r for r in after if r.message_id == "p3"] == []
+        assert len(after) == len(listed) - 1
+    finally:
+        await connection.close()
