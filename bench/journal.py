@@ -117,13 +117,15 @@ def measure_list(url: str, records: int, repeats: int) -> dict[str, Any]:
         python_s, cli_s = [], []
         env = {
             **os.environ,
-            "RMQDELAY_URL": settings.url,
+            "RMQDELAY_URL": settings.url.get_secret_value(),
             "RMQDELAY_PREFIX": settings.prefix,
             "RMQDELAY_MAX_DELAY": "2h",
         }
         rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))
         for _ in range(repeats):
-            connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+            connection = pika.BlockingConnection(
+                pika.URLParameters(settings.url.get_secret_value())
+            )
             started = time.perf_counter()
             found = list_scheduled(connection, settings.layout)
             python_s.append(time.perf_counter() - started)
@@ -187,7 +189,7 @@ def _cancel_trial(settings: Settings, app_calls: list[str], lead_ms: int, n: int
     due_ms = sent[0].due_at_ms
     # start the cancel so that it is confirmed about lead_ms before the due time: a cancel
     # of n ids takes a while itself, so measure it once and start that much earlier
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         start_at = due_ms - lead_ms - _cancel_cost_ms.get(n, 0)
         time.sleep(max(0.0, (start_at - now_ms()) / 1000))

@@ -198,21 +198,29 @@ def raw_pika_to_tiers_rate(settings: Settings, count: int, window: int) -> float
     """Diagnostic: raw pika sending exactly rmqdelay's messages, with none of its client
     work: the broker's cost of the tiers, separated."""
     return _pika_publish(
-        settings.url, _planned_items(settings, count, 3), window, kind="pika-tiers"
+        settings.url.get_secret_value(),
+        _planned_items(settings, count, 3),
+        window,
+        kind="pika-tiers",
     )
 
 
 def raw_pika_single_journal_rate(settings: Settings, count: int) -> float:
     """Diagnostic: one call = rmqdelay's message and its journal record, both confirmed."""
     items = _planned_items(settings, count, 4, records=True)
-    return _pika_publish(settings.url, items, 2, kind="pika-single-journal", calls=count)
+    return _pika_publish(
+        settings.url.get_secret_value(), items, 2, kind="pika-single-journal", calls=count
+    )
 
 
 def raw_pika_single_to_tiers_rate(settings: Settings, count: int) -> float:
     """Diagnostic: the same, one confirm per publish (what ``publish()`` costs the broker)."""
     items = _planned_items(settings, count, 4)
     return _pika_single(
-        settings.url, items, queue_type=settings.queue_type, kind="pika-single-tiers"
+        settings.url.get_secret_value(),
+        items,
+        queue_type=settings.queue_type,
+        kind="pika-single-tiers",
     )
 
 

@@ -88,7 +88,9 @@ class Killer:
     """Closes the publisher's connection through the management API, once, in a thread."""
 
     def __init__(self, settings: Settings, connection_name: str, run: Run) -> None:
-        self.base, user, password = management_location(settings.url, settings.management_url)
+        self.base, user, password = management_location(
+            settings.urls[0], settings.management_urls[0] if settings.management_urls else None
+        )
         self.auth = base64.b64encode(f"{user}:{password}".encode()).decode()
         self.connection_name = connection_name
         self.run = run

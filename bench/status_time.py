@@ -52,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
                 print("the management API still counts fewer than were published")
                 break
             time.sleep(1)
-        env = {**os.environ, "RMQDELAY_URL": settings.url, "RMQDELAY_PREFIX": settings.prefix}
+        env = {
+            **os.environ,
+            "RMQDELAY_URL": settings.url.get_secret_value(),
+            "RMQDELAY_PREFIX": settings.prefix,
+        }
         env["RMQDELAY_MAX_DELAY"] = "7h"
         rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))
         result: dict[str, object] = {"pending": args.pending, "load_1min": os.getloadavg()[0]}

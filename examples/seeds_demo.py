@@ -35,7 +35,7 @@ async def main() -> None:
 
     arrivals: list[tuple[int, aio_pika.abc.AbstractIncomingMessage]] = []
     done = asyncio.Event()
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     channel = await connection.channel()
     queue = await channel.get_queue(manager.layout.work_queue("seeds"), ensure=True)
     await queue.purge()

@@ -11,9 +11,16 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
-from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    Secret,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,7 +33,16 @@ from .core.durations import format_ms, parse_duration_us
 from .core.layout import Layout
 from .errors import ConfigurationError, DelayError
 
-__all__ = ["Milliseconds", "Settings", "load_settings", "mask_url"]
+__all__ = [
+    "Milliseconds",
+    "SecretUrl",
+    "Settings",
+    "load_settings",
+    "mask_url",
+    "reveal",
+    "split_urls",
+    "vhost_of",
+]
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -44,22 +60,60 @@ def _to_ms(value: Any) -> Any:
     return value
 
 
-def _join_urls(value: Any) -> Any:
-    """Several broker addresses: a list (TOML, or JSON in the environment) or commas."""
-    if isinstance(value, str) and value.lstrip().startswith("["):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise ValueError("url looks like a JSON list but is not valid JSON") from None
-    if isinstance(value, (list, tuple)):
-        if not value or not all(isinstance(v, str) for v in value):
-            raise ValueError("url must be one AMQP URL or a non-empty list of them")
-        return ",".join(v.strip() for v in value)
-    return value
+class SecretUrl(Secret[str]):
+    """One URL, or several joined by commas, whose password only an explicit call shows.
+
+    pydantic's convention for a secret: ``str()``, ``repr()``, ``model_dump_json()`` and
+    ``model_dump()`` (a ``SecretUrl`` still) show it masked (``amqp://u:***@host/%2F``);
+    ``get_secret_value()`` gives the raw text, for connecting only.
+    """
+
+    def _display(self) -> str:
+        return mask_url(self.get_secret_value())
 
 
-Urls = Annotated[str, BeforeValidator(_join_urls)]
-"""One AMQP URL, or several (a cluster's nodes) joined by commas."""
+def reveal(url: SecretUrl | str) -> str:
+    """The raw text of a URL setting (a plain ``str`` is let through: ``model_copy``
+    does not validate what it is given)."""
+    return url.get_secret_value() if isinstance(url, SecretUrl) else url
+
+
+def split_urls(url: SecretUrl | str | None) -> list[str]:
+    """Each address of a URL setting, raw, in the order given."""
+    if url is None:
+        return []
+    return [u.strip() for u in reveal(url).split(",") if u.strip()]
+
+
+def vhost_of(url: str) -> str:
+    """The virtual host an AMQP URL names, as pika reads it (none or ``/``: ``/``)."""
+    path = urlsplit(url).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def _joiner(setting: str, kind: str) -> Any:
+    def join(value: Any) -> Any:
+        """Several addresses: a list (TOML, or JSON in the environment) or commas."""
+        if isinstance(value, str) and value.lstrip().startswith("["):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                why = f"{setting} looks like a JSON list but is not valid JSON"
+                raise ValueError(why) from None
+        if isinstance(value, (list, tuple)):
+            if not value or not all(isinstance(v, (str, SecretUrl)) for v in value):
+                raise ValueError(f"{setting} must be one {kind} URL or a non-empty list of them")
+            return ",".join(reveal(v).strip() for v in value)
+        return value
+
+    return join
+
+
+Urls = Annotated[SecretUrl, BeforeValidator(_joiner("url", "AMQP"))]
+"""One AMQP URL, or several (a cluster's nodes) joined by commas; shown masked."""
+
+ManagementUrls = Annotated[SecretUrl | None, BeforeValidator(_joiner("management_url", "HTTP"))]
+"""One management API URL, or several joined by commas; shown masked."""
 
 Milliseconds = Annotated[int, BeforeValidator(_to_ms)]
 """Whole milliseconds, given as ``"10ms"``, seconds, or a timedelta."""
@@ -119,14 +173,16 @@ class Settings(BaseSettings):
         hide_input_in_errors=True,  # a bad field must not print the URL's password
     )
 
-    url: Urls = Field("amqp://guest:guest@localhost:5672/%2F", repr=False)
-    """AMQP URL; ``amqps://`` for TLS. Several (a cluster's nodes): a list, or commas.
-    Clients try them in ``url_order`` at every connect and reconnect. Shown only masked."""
+    url: Urls = Field(SecretUrl("amqp://guest:guest@localhost:5672/%2F"), repr=False)
+    """AMQP URL; ``amqps://`` for TLS. Several (a cluster's nodes): a list, or commas,
+    all naming one virtual host. Clients try them in ``url_order`` at every connect and
+    reconnect. A :class:`SecretUrl`: shown masked, raw by ``get_secret_value()``."""
     url_order: Literal["ordered", "shuffled"] = "ordered"
     """``shuffled`` spreads clients over the nodes; ``ordered`` prefers the first."""
-    management_url: str | None = Field(None, repr=False)
-    """Management API; default ``http(s)://<AMQP host>:15672``. Its credentials, if any,
-    win over the AMQP URL's. Shown only masked."""
+    management_url: ManagementUrls = Field(None, repr=False)
+    """Management API, of any node of the cluster; several (a list, or commas) are tried
+    in order until one answers. Default: ``http(s)://<host>:15672`` of each AMQP URL.
+    Its credentials, if any, win over the AMQP URL's. A :class:`SecretUrl`, like ``url``."""
     prefix: str = "rmqdelay"
     resolution: Milliseconds = Field(_TEN_MS, description="delays round up to this")
     radix: int = 16
@@ -157,30 +213,41 @@ class Settings(BaseSettings):
 
     @field_validator("url")
     @classmethod
-    def _amqp_urls(cls, url: str) -> str:
+    def _amqp_urls(cls, url: SecretUrl) -> SecretUrl:
         schemes = set()
-        for part in url.split(","):
-            parts = urlsplit(part.strip())
+        vhosts: dict[str, str] = {}
+        for part in split_urls(url) or [""]:
+            parts = urlsplit(part)
             if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
                 raise ValueError(
-                    f"url {mask_url(part.strip())!r} is not an AMQP URL: give "
+                    f"url {mask_url(part)!r} is not an AMQP URL: give "
                     "amqp://user:password@host:port/vhost (amqps:// for TLS)"
                 )
-            _check_port("url", part.strip(), parts)
+            _check_port("url", part, parts)
             schemes.add(parts.scheme)
+            vhosts.setdefault(vhost_of(part), mask_url(part))
         if len(schemes) > 1:  # TLS is set for all of them, from the first
             raise ValueError("url mixes amqp:// and amqps:// addresses: use one scheme for all")
+        if len(vhosts) > 1:  # a cluster's nodes hold the same vhosts: one is meant
+            named = "; ".join(f"{v!r} in {u!r}" for v, u in vhosts.items())
+            raise ValueError(
+                f"url names several virtual hosts ({named}): the URLs are one cluster's "
+                "nodes, so give each the same vhost"
+            )
         return url
 
     @field_validator("management_url")
     @classmethod
-    def _management_http(cls, url: str | None) -> str | None:
-        if not url:
+    def _management_http(cls, url: SecretUrl | None) -> SecretUrl | None:
+        if url is None or not split_urls(url):
             return None
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"management_url must be http(s)://host:port, got {mask_url(url)!r}")
-        _check_port("management_url", url, parts)
+        for part in split_urls(url):
+            parts = urlsplit(part)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(
+                    f"management_url must be http(s)://host:port, got {mask_url(part)!r}"
+                )
+            _check_port("management_url", part, parts)
         return url
 
     @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
@@ -263,12 +330,22 @@ class Settings(BaseSettings):
 
     @property
     def urls(self) -> list[str]:
-        """Each broker address, in the order given."""
-        return [u.strip() for u in self.url.split(",") if u.strip()]
+        """Each broker address, raw (with its password: for connecting only), in order."""
+        return split_urls(self.url)
+
+    @property
+    def management_urls(self) -> list[str]:
+        """Each management API address given, raw; empty when none is (the default)."""
+        return split_urls(self.management_url)
+
+    @property
+    def vhost(self) -> str:
+        """The virtual host every URL names."""
+        return vhost_of(self.urls[0])
 
     @property
     def masked_url(self) -> str:
-        return mask_url(self.url)
+        return mask_url(reveal(self.url))
 
     @classmethod
     def settings_customise_sources(

@@ -122,7 +122,7 @@ async def wait_until(
 
 async def queue_depth(settings: Settings, queue: str) -> int:
     """Ready messages in ``queue`` (passive declare)."""
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
         channel = await connection.channel()
         declared = await channel.declare_queue(queue, passive=True)
@@ -134,7 +134,7 @@ async def queue_depth(settings: Settings, queue: str) -> int:
 
 async def drain(settings: Settings, queue: str) -> list[aio_pika.abc.AbstractIncomingMessage]:
     """Take every ready message off ``queue`` (acked) and return them."""
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     taken = []
     try:
         channel = await connection.channel()

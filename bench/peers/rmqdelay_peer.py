@@ -255,7 +255,7 @@ class RmqdelayPeer:
     async def _start_aiopika(self) -> None:
         import aio_pika
 
-        self._consumer_conn = await aio_pika.connect(self.settings.url)
+        self._consumer_conn = await aio_pika.connect(self.settings.url.get_secret_value())
         channel = await self._consumer_conn.channel()
         await channel.set_qos(prefetch_count=self.prefetch)
         layout = self.settings_layout()

@@ -3,9 +3,12 @@
 AMQP can check that an exchange or queue exists, but not list objects or bindings.
 The API is optional: every caller works without it and says what it could not check.
 
-Where it is: the ``management_url`` setting, else ``http://<AMQP host>:15672``
-(``https`` when the AMQP URL is ``amqps``).  It logs in with the management URL's
-credentials, else the AMQP URL's; ``base`` never holds them, so it can be shown.
+Where it is: the ``management_url`` setting (several: tried in order until one
+answers), else ``http://<host>:15672`` of each AMQP URL (``https`` when it is
+``amqps``). Any node of the cluster will do: the API shows the whole cluster. It logs
+in with the management URL's credentials, else the AMQP URL's; of an AMQP URL, only
+its vhost ever goes into a request's path. ``base`` never holds credentials, so it can
+be shown.
 """
 
 from __future__ import annotations
@@ -15,18 +18,31 @@ import json
 import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from ..settings import Settings
+from ..settings import SecretUrl, Settings, split_urls, vhost_of
 
-__all__ = ["MANAGEMENT_URL_HINT", "ManagementApi", "management_location"]
+__all__ = [
+    "MANAGEMENT_URL_HINT",
+    "ManagementApi",
+    "management_location",
+    "management_locations",
+    "same_cluster",
+]
 
 DEFAULT_PORT = 15672
 MANAGEMENT_URL_HINT = (
     "the management_url setting (env RMQDELAY_MANAGEMENT_URL, flag --management-url)"
 )
+
+
+def _listed(urls: str | SecretUrl | Sequence[str] | None) -> list[str]:
+    if urls is None or isinstance(urls, (str, SecretUrl)):
+        return split_urls(urls)
+    return [u.strip() for u in urls if u.strip()]
 
 
 def management_location(amqp_url: str, management_url: str | None) -> tuple[str, str, str]:
@@ -52,38 +68,112 @@ def management_location(amqp_url: str, management_url: str | None) -> tuple[str,
     return base, user, password
 
 
+def management_locations(
+    amqp_urls: Sequence[str], management_urls: Sequence[str] = ()
+) -> list[tuple[str, str, str]]:
+    """Every API to try, in order, as :func:`management_location` gives each.
+
+    The management URLs given; else each AMQP node's host on :15672 (with that URL's
+    credentials). A management URL without credentials takes those of the AMQP URL of
+    its host, else the first AMQP URL's.
+    """
+    found: dict[str, tuple[str, str, str]] = {}
+    if management_urls:
+        hosts = {urlsplit(u).hostname: u for u in reversed(amqp_urls)}
+        for url in management_urls:
+            amqp = hosts.get(urlsplit(url).hostname, amqp_urls[0] if amqp_urls else "")
+            location = management_location(amqp, url)
+            found.setdefault(location[0], location)
+    else:
+        for amqp in amqp_urls or ["amqp://localhost"]:
+            location = management_location(amqp, None)
+            found.setdefault(location[0], location)
+    return list(found.values())
+
+
+def _short(host: str) -> str:
+    return host.split(".", 1)[0].lower()
+
+
+def same_cluster(
+    amqp_cluster_name: str, api_cluster_name: str, api_node: str | None, nodes: Sequence[str]
+) -> bool | None:
+    """Whether the node an AMQP connection reached is of the API's cluster: None when the
+    API cannot tell (its user may not list the nodes).
+
+    ``cluster_name`` is the cluster's, when an operator set one: equal names say it.
+    Unset, each node reports its own default, ``<node's name>@<its machine's FQDN>``
+    (RabbitMQ 4.0.5's nodes ``rmqd-c4-1@localhost`` report ``rmqd-c4-1@vm``): then the
+    AMQP node is of the cluster when one of the API's ``nodes`` has its name and is on
+    its machine (by host name, or, on the API node's own machine, as the API node is).
+    """
+    if amqp_cluster_name == api_cluster_name:
+        return True
+    if not nodes:
+        return None
+    name, _, host = amqp_cluster_name.partition("@")
+    api_host = api_cluster_name.partition("@")[2]
+    api_node_host = api_node.partition("@")[2] if api_node else None
+    for node in nodes:
+        node_name, _, node_host = node.partition("@")
+        if node_name != name or not host:
+            continue
+        if _short(node_host) == _short(host):
+            return True
+        if host == api_host and node_host == api_node_host:
+            return True
+    return False
+
+
 class ManagementApi:
-    """Talks to ``<base>/api`` (see the module docstring for where and as whom)."""
+    """Talks to ``<base>/api`` (see the module docstring for where and as whom).
+
+    ``amqp_url`` and ``management_url``: one URL, several joined by commas, or a list.
+    With several APIs, the first that answers is used (``base`` names it once probed).
+    """
 
     def __init__(
         self,
-        amqp_url: str,
-        management_url: str | None = None,
+        amqp_url: str | SecretUrl | Sequence[str],
+        management_url: str | SecretUrl | Sequence[str] | None = None,
         timeout: float = 3.0,
         *,
         ca_file: Path | None = None,
     ) -> None:
-        self.base, user, password = management_location(amqp_url, management_url)
-        self.configured = management_url is not None
-        parts = urlsplit(amqp_url)
-        self.vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
-        self._auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-        self._context = (
-            ssl.create_default_context(cafile=str(ca_file))
-            if ca_file and self.base.startswith("https:")
-            else None
-        )
+        amqp_urls = _listed(amqp_url)
+        management_urls = _listed(management_url)
+        self._locations = management_locations(amqp_urls, management_urls)
+        self.configured = bool(management_urls)
+        self.vhost = vhost_of(amqp_urls[0]) if amqp_urls else "/"
         self.timeout = timeout
+        self._ca_file = ca_file
+        self._use(0)
         self._problem: str | None = None
         self._checked = False
 
     @classmethod
     def for_settings(cls, settings: Settings, timeout: float = 3.0) -> ManagementApi:
         """The API of the settings' broker; an https one trusts ``tls_ca_file`` too."""
-        return cls(settings.url, settings.management_url, timeout, ca_file=settings.tls_ca_file)
+        return cls(settings.urls, settings.management_urls, timeout, ca_file=settings.tls_ca_file)
+
+    @property
+    def bases(self) -> list[str]:
+        """Every API it tries, in order (no credentials: they can be shown)."""
+        return [base for base, _, _ in self._locations]
+
+    def _use(self, index: int) -> None:
+        self.base, user, password = self._locations[index]
+        self._auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self._context = (
+            ssl.create_default_context(cafile=str(self._ca_file))
+            if self._ca_file and self.base.startswith("https:")
+            else None
+        )
 
     def get(self, path: str) -> Any:
-        """GET ``/api/{path}`` and decode its JSON."""
+        """GET ``/api/{path}`` and decode its JSON (of the first API that answers)."""
+        if not self._checked and len(self._locations) > 1:
+            _ = self.problem  # choose the API first
         request = urllib.request.Request(
             f"{self.base}/api/{path}", headers={"Authorization": f"Basic {self._auth}"}
         )
@@ -92,15 +182,30 @@ class ManagementApi:
 
     @property
     def problem(self) -> str | None:
-        """Why the API cannot be used (one line naming the URL and the setting), or None."""
+        """Why the API cannot be used (one line naming the URLs and the setting), or None."""
         if not self._checked:
             self._checked = True
-            self._problem = self._probe()
+            self._problem = self._probe_all()
         return self._problem
 
     @property
     def available(self) -> bool:
         return self.problem is None
+
+    def _probe_all(self) -> str | None:
+        """Use the first API that answers; else say why each did not."""
+        whys: list[str] = []
+        for index in range(len(self._locations)):
+            self._use(index)
+            why = self._probe()
+            if why is None:
+                return None
+            whys.append(why)
+        self._use(0)
+        why = "; ".join(whys)
+        if self.configured:
+            return f"{why}; check {MANAGEMENT_URL_HINT}"
+        return f"{why}; that is the default: set {MANAGEMENT_URL_HINT} to the broker's"
 
     def _probe(self) -> str | None:
         where = f"the management API at {self.base}"
@@ -108,19 +213,26 @@ class ManagementApi:
             overview = self.get("overview")
         except urllib.error.HTTPError as exc:
             what = "refused the credentials" if exc.code in (401, 403) else "failed"
-            why = f"{where} {what} (HTTP {exc.code})"
+            return f"{where} {what} (HTTP {exc.code})"
         except (OSError, urllib.error.URLError) as exc:
             reason = getattr(exc, "reason", exc)
-            why = f"{where} is unreachable ({reason})"
+            return f"{where} is unreachable ({reason})"
         except ValueError:
-            why = f"{where} did not answer JSON: is it a management API?"
-        else:
-            if isinstance(overview, dict) and "rabbitmq_version" in overview:
-                return None
-            why = f"{where} did not answer like RabbitMQ's management API"
-        if self.configured:
-            return f"{why}; check {MANAGEMENT_URL_HINT}"
-        return f"{why}; that is the default: set {MANAGEMENT_URL_HINT} to the broker's"
+            return f"{where} did not answer JSON: is it a management API?"
+        if isinstance(overview, dict) and "rabbitmq_version" in overview:
+            return None
+        return f"{where} did not answer like RabbitMQ's management API"
+
+    def node_names(self) -> list[str]:
+        """The cluster's nodes, or empty when this user may not list them (it needs the
+        ``monitoring`` tag)."""
+        try:
+            found = self.get("nodes?columns=name")
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):
+                return []
+            raise
+        return [str(n["name"]) for n in found if isinstance(n, dict) and "name" in n]
 
     def overview(self) -> dict[str, Any]:
         return cast(dict[str, Any], self.get("overview"))

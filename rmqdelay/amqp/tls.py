@@ -13,7 +13,7 @@ __all__ = ["ssl_context"]
 
 def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """A verifying context for an ``amqps://`` URL, or None for plain ``amqp://``."""
-    if urlsplit(settings.url).scheme != "amqps":
+    if urlsplit(settings.urls[0]).scheme != "amqps":  # Settings: one scheme for all
         return None
     try:
         context = ssl.create_default_context(

@@ -27,7 +27,7 @@ from ..core.topology import (
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
 from .connections import connect_blocking
-from .management import MANAGEMENT_URL_HINT, ManagementApi
+from .management import MANAGEMENT_URL_HINT, ManagementApi, same_cluster
 
 __all__ = ["DELIVERY_LIMIT_NOTE", "PLACEMENT_NOTE", "ObjectState", "TopologyManager"]
 
@@ -182,22 +182,33 @@ class TopologyManager:
         return self._management_problem
 
     def _other_broker(self) -> str | None:
-        """Compare the cluster names the API and the AMQP connection report."""
+        """Refuse an API of another cluster; accept any node of this one.
+
+        The AMQP server properties name no node, only ``cluster_name``, which on a
+        cluster without a name set is each node's own (see
+        :func:`~rmqdelay.amqp.management.same_cluster`), so the API's nodes are asked
+        too. When the API's user may not list them, differing names are not refused.
+        """
         self._chan()
         impl = getattr(self._connection, "_impl", None)
         amqp_name = getattr(impl, "server_properties", {}).get("cluster_name")
         if isinstance(amqp_name, bytes):
             amqp_name = amqp_name.decode(errors="replace")
         try:
-            api_name = self.management.overview().get("cluster_name")
+            overview = self.management.overview()
+            api_name = overview.get("cluster_name")
+            if not amqp_name or not api_name or amqp_name == api_name:
+                return None
+            nodes = self.management.node_names()
         except (OSError, ValueError) as exc:
             return f"the management API at {self.management.base} stopped answering ({exc})"
-        if not amqp_name or not api_name or amqp_name == api_name:
+        node = overview.get("node")
+        if same_cluster(str(amqp_name), str(api_name), node and str(node), nodes) is not False:
             return None
         return (
             f"the management API at {self.management.base} is another broker's (cluster "
-            f"{api_name!r}; the AMQP URL reaches {amqp_name!r}); set {MANAGEMENT_URL_HINT} "
-            "to this broker's"
+            f"{api_name!r}, nodes {', '.join(nodes)}; the AMQP URL reaches {amqp_name!r}); "
+            f"set {MANAGEMENT_URL_HINT} to a node of this broker's cluster"
         )
 
     def _binding_states(self, topology: Topology) -> list[ObjectState]:

@@ -213,7 +213,12 @@ def _run_worker(
 
     worker = load_worker(app_path)
     settings = _worker_settings(worker, url, prefix, config)
-    configure_logging(log_level, "json" if log_format == "json" else "text", settings.url)
+    configure_logging(
+        log_level,
+        "json" if log_format == "json" else "text",
+        settings.url,
+        settings.management_url,
+    )
     names = _queues(queues)
     _describe(worker, settings, names)
     if metrics_port is not None:

@@ -2,8 +2,8 @@
 
 Each record may carry ``extra`` fields (message id, destination, attempt, lateness);
 the formatter appends them as ``key=value`` or emits a JSON object. Whatever the
-text, the formatter masks the URL's password, so a connection error that quotes the
-URL does not leak it.
+text, the formatter masks the passwords of the URLs it is given (every AMQP and
+management address), so a connection error that quotes a URL does not leak it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from ..settings import mask_url
+from ..settings import SecretUrl, mask_url, reveal, split_urls
 
 __all__ = ["FIELDS", "LEVELS", "StructuredFormatter", "configure_logging"]
 
@@ -49,14 +49,16 @@ _SAFE = re.compile(r"^[\w.:/@+-]+$")
 class StructuredFormatter(logging.Formatter):
     """``time level logger message key=value...`` or one JSON object per line."""
 
-    def __init__(self, fmt: LogFormat = "text", url: str | None = None) -> None:
+    def __init__(self, fmt: LogFormat = "text", *urls: SecretUrl | str | None) -> None:
         super().__init__()
         self.fmt = fmt
         self._secrets: list[tuple[str, str]] = []
-        if url:
-            self._secrets.append((url, mask_url(url)))
-            for address in url.split(","):  # each node's password, should a library log it
-                password = urlsplit(address.strip()).password
+        for url in urls:
+            if url:  # the whole list first: a raw ',' in a password splits it wrongly
+                self._secrets.append((reveal(url), mask_url(reveal(url))))
+            for address in split_urls(url):  # each node's password, should a library log it
+                self._secrets.append((address, mask_url(address)))
+                password = urlsplit(address).password
                 for raw in {password, unquote(password or "")} - {None, ""}:
                     self._secrets.append((f":{raw}@", ":***@"))
 
@@ -102,16 +104,17 @@ class StructuredFormatter(logging.Formatter):
 
 
 def configure_logging(
-    level: str | int = "INFO", fmt: LogFormat = "text", url: str | None = None
+    level: str | int = "INFO", fmt: LogFormat = "text", *urls: SecretUrl | str | None
 ) -> None:
-    """Send every log record to stderr through the structured formatter."""
+    """Send every log record to stderr through the structured formatter, which masks
+    the passwords of ``urls`` (the settings' ``url`` and ``management_url``)."""
     if isinstance(level, str):
         name = level.upper()
         if name not in LEVELS:
             raise ValueError(f"unknown log level {level!r}: use {', '.join(LEVELS)}")
         level = LEVELS[name]
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(StructuredFormatter(fmt, url))
+    handler.setFormatter(StructuredFormatter(fmt, *urls))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -136,7 +136,7 @@ CASES: list[tuple[str, Any, Any, dict[str, Any], type[BaseException]]] = [
 def _nothing_reached_the_broker(settings: Settings) -> None:
     layout = settings.layout
     names = [layout.work_queue(DEST), *(t.queue for t in layout.tiers)]
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         counts = {n: channel.queue_declare(n, passive=True).method.message_count for n in names}

@@ -35,7 +35,7 @@ def _x_death(queue: str, exchange: str, key: str) -> list[dict[str, Any]]:
 
 
 def _delivered_within(settings: Settings, seconds: float) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         deadline = time.monotonic() + seconds
@@ -66,7 +66,7 @@ def test_a_client_set_x_death_drops_the_message_before_4_and_not_after(
     # as if it had already expired in the tier it dead-letters into next: 3.x sees a cycle
     tier = plan.hops[1]
     headers: dict[str, Any] = {"x-death": _x_death(tier.queue, tier.queue, plan.routing_key)}
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -99,7 +99,7 @@ def test_the_delivery_limit_rmqdelay_declares_is_the_one_in_force(
     queue = work_queue(settings, DEST)
     with Publisher(settings) as publisher:
         publisher.publish(DEST, b"poison", delay=0)
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         returned = 0
@@ -135,7 +135,7 @@ async def test_a_parked_message_survives_every_parked_list(
     rmqdelay declares the parking queue with the largest one, so both keep it.
     """
     settings = make_settings(amqp_url, prefix, [DEST], max_delay="10s")
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         channel.confirm_delivery()

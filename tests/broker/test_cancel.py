@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import datetime, timedelta, timezone
 
 import aio_pika
 import pytest
 from prometheus_client import REGISTRY
 from worker_helpers import (
+    Call,
     Calls,
     TestTopology,
     make_settings,
@@ -42,7 +44,7 @@ def _tombstone(message_id: str, due_at_ms: int, destination: str = DEST) -> Jour
 
 
 async def _append(settings: Settings, records: list[JournalRecord]) -> None:
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
         await append_records_async(connection, settings.layout, records)
     finally:
@@ -112,7 +114,7 @@ async def test_cancel_answers_what_it_found(shared_topology: TestTopology) -> No
     settings = shared_topology.settings([])
     now = time.time_ns() // 10**6
     await _append(settings, [JournalRecord("scheduled", "later", DEST, now + 60_000)])
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
         results = await cancel_async(connection, settings.layout, ["later", "never"])
     finally:
@@ -224,7 +226,7 @@ def test_rmqdelay_consume_honours_cancels(shared_topology: TestTopology) -> None
         kept = publisher.publish(dest, b"kept", delay="1200ms")
         assert publisher.cancel(gone.message_id)[0].outcome == "cancelled"
     env = {
-        "RMQDELAY_URL": settings.url,
+        "RMQDELAY_URL": settings.url.get_secret_value(),
         "RMQDELAY_PREFIX": settings.prefix,
         "RMQDELAY_MAX_DELAY": "1h",
     }
@@ -238,3 +240,87 @@ def test_rmqdelay_consume_honours_cancels(shared_topology: TestTopology) -> None
 
 def queue_depth_sync(settings: Settings, destination: str) -> int:
     return asyncio.run(queue_depth(settings, work_queue(settings, destination)))
+
+
+# Issue 17: after a partition, each message in flight had three copies: due D, due
+# D + 60.4 s (the one finally confirmed), and due D + 30.2 s, whose record came last.
+LATE_S, CONFIRMED_S = 30.2, 60.4
+
+
+def _due_ms(call: Call) -> int | None:
+    return None if call.due_at is None else round(call.due_at.timestamp() * 1000)
+
+
+async def test_issue_17_every_copy_is_listed_and_a_cancel_stops_each_in_the_worker(
+    shared_topology: TestTopology,
+) -> None:
+    """The partition's three copies of one id, published as such (the third last, as
+    the late record was): ``list`` shows each copy ahead, ``cancel`` between the late
+    and the confirmed copy answers ``cancelled`` (not ``too late``), and the worker
+    skips the confirmed copy. Beside it, an id cancelled before its first copy is
+    skipped three times, and an id re-scheduled after its cancel is handled once."""
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest])
+    app = Worker(settings)
+    calls = Calls()
+
+    @app.handler(dest)
+    async def handle(msg: dict[str, str], ctx: Context) -> None:
+        calls.record(msg, ctx)
+
+    cancelled = {"destination": dest, "outcome": "cancelled"}
+    before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
+    tag = shared_topology.prefix.rsplit("-", 1)[-1]
+    split, early, again = (f"{name}-{tag}" for name in ("split", "early", "again"))
+    d = datetime.now(timezone.utc) + timedelta(seconds=3)
+    offsets = [timedelta(0), timedelta(seconds=CONFIRMED_S), timedelta(seconds=LATE_S)]
+    async with AsyncPublisher(settings) as publisher, app.running(concurrency=4):
+        dues = {
+            m: [
+                (await publisher.publish(dest, {"m": m}, at=d + o, message_id=m)).due_at_ms
+                for o in offsets
+            ]
+            for m in (split, early)
+        }
+        first, confirmed, late = dues[split]
+        listed = await publisher.list_scheduled(destination=dest)
+        assert [(r.message_id, r.due_at_ms) for r in listed if r.message_id == split] == [
+            (split, first),
+            (split, late),
+            (split, confirmed),
+        ]
+        [stopped] = await publisher.cancel(early)
+        assert (stopped.outcome, stopped.copies) == ("cancelled", 3)
+        assert stopped.cancelled_due_ms == tuple(sorted(dues[early]))
+        gone = await publisher.publish(dest, {"m": again}, at=d, message_id=again)
+        assert (await publisher.cancel(again))[0].outcome == "cancelled"
+        kept = await publisher.publish(
+            dest, {"m": again}, at=d + timedelta(seconds=5), message_id=again
+        )
+
+        # the first and the late copy of `split` come and are handled (nothing cancelled
+        # them); then only the confirmed copy is ahead: the fold by latest record listed
+        # nothing here and a cancel said "too late"
+        await wait_until(lambda: len(calls.of(split)) >= 2, LATE_S + 20, "split's two copies")
+        assert time.time() * 1000 < confirmed - 5_000, "too slow to cancel before the copy"
+        listed = await publisher.list_scheduled(destination=dest)
+        assert [(r.message_id, r.due_at_ms) for r in listed] == [(split, confirmed)]
+        [result] = await publisher.cancel(split)
+        assert (result.outcome, result.due_at_ms) == ("cancelled", confirmed)
+        assert (result.copies, result.cancelled_due_ms) == (3, (confirmed,))
+        assert await publisher.list_scheduled(destination=dest) == []
+
+        # three copies of `early`, the first of `again`, the confirmed copy of `split`
+        await wait_until(
+            lambda: REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) == before + 5,
+            CONFIRMED_S - LATE_S + 20,
+            lambda: (
+                f"5 cancelled outcomes, calls {[(c.message_id, _due_ms(c)) for c in calls.items]}"
+            ),
+        )
+    assert sorted((c.message_id, _due_ms(c)) for c in calls.items) == sorted(
+        [(split, first), (split, late), (again, kept.due_at_ms)]
+    )
+    assert gone.due_at_ms != kept.due_at_ms
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
+    assert await queue_depth(settings, parking_queue(settings)) == 0

@@ -26,6 +26,7 @@ from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.messages import DESTINATION, DUE_AT
 from rmqdelay.errors import BatchPublishError, PublisherClosedError, PublishNackedError
+from rmqdelay.settings import SecretUrl
 
 LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
 
@@ -68,7 +69,7 @@ def own_rmq(request: pytest.FixtureRequest, amqp_url: str, prefix: str) -> Itera
 
 async def test_seeds_case_arrives_in_due_order_none_early(rmq: Settings, orders: str) -> None:
     async with (
-        Collector(rmq.url, work_queue(rmq, orders)) as collector,
+        Collector(rmq.url.get_secret_value(), work_queue(rmq, orders)) as collector,
         AsyncPublisher(rmq) as publisher,
     ):
         for seconds in (5, 4, 3, 2, 1):
@@ -83,7 +84,7 @@ async def test_random_delays_none_early_none_lost(rmq: Settings, orders: str) ->
     rng = random.Random(7)
     delays = [rng.choice([0, 0.01, 0.123, 0.5, 0.99, 1.0, 1.7, 2.5, 3.05]) for _ in range(300)]
     async with (
-        Collector(rmq.url, work_queue(rmq, orders)) as collector,
+        Collector(rmq.url.get_secret_value(), work_queue(rmq, orders)) as collector,
         AsyncPublisher(rmq) as publisher,
     ):
         results = await publisher.publish_many(
@@ -109,7 +110,7 @@ def test_sync_publisher_delivers_in_due_order(rmq: Settings, orders: str) -> Non
             ]
         )
     assert [r.due_at_ms for r in results] == sorted(r.due_at_ms for r in results)[::-1]
-    connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+    connection = pika.BlockingConnection(pika.URLParameters(rmq.url.get_secret_value()))
     try:
         channel = connection.channel()
         bodies: list[bytes] = []
@@ -246,7 +247,7 @@ def test_existing_queue_with_other_arguments_stops_apply(
 ) -> None:
     legacy = shared_topology.dest("legacy")
     wanted = build_topology(rmq.layout, [legacy]).queue(work_queue(rmq, legacy)).arguments
-    connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+    connection = pika.BlockingConnection(pika.URLParameters(rmq.url.get_secret_value()))
     connection.channel().queue_declare(
         work_queue(rmq, legacy), durable=True, arguments={**wanted, "x-max-length": 10}
     )
@@ -269,7 +270,7 @@ def test_verify_finds_a_missing_object(own_rmq: Settings) -> None:
     with TopologyManager(own_rmq) as manager:
         assert manager.verify(["orders"]) == []
         tier = manager.layout.tiers[3].queue
-        connection = pika.BlockingConnection(pika.URLParameters(own_rmq.url))
+        connection = pika.BlockingConnection(pika.URLParameters(own_rmq.url.get_secret_value()))
         connection.channel().queue_delete(tier)
         connection.close()
         problems = manager.verify(["orders"])
@@ -284,12 +285,12 @@ async def test_deleted_destination_parks_and_does_not_stall_the_tier(
 ) -> None:
     async with AsyncPublisher(rmq) as publisher:
         doomed = await publisher.publish(orders, b"doomed", delay=1, headers={"k": "v"})
-        connection = pika.BlockingConnection(pika.URLParameters(rmq.url))
+        connection = pika.BlockingConnection(pika.URLParameters(rmq.url.get_secret_value()))
         connection.channel().queue_delete(work_queue(rmq, orders))
         connection.close()
         async with (
-            Collector(rmq.url, work_queue(rmq, other)) as other_queue,
-            Collector(rmq.url, f"{rmq.prefix}.parking") as parking,
+            Collector(rmq.url.get_secret_value(), work_queue(rmq, other)) as other_queue,
+            Collector(rmq.url.get_secret_value(), f"{rmq.prefix}.parking") as parking,
         ):
             # Published after, through the same tiers: must not wait behind the doomed one.
             survivor = await publisher.publish(other, b"later", delay=1)
@@ -309,12 +310,12 @@ async def test_limited_user_publishes_and_consumes_without_configure(
 ) -> None:
     user, password = f"{prefix}-user", "s3cret-pw"
     admin.add_user(user, password, configure="^$", write=".*", read=".*")
-    host = rmq.url.split("@", 1)[1]
-    limited = rmq.model_copy(update={"url": f"amqp://{user}:{password}@{host}"})
+    host = rmq.url.get_secret_value().split("@", 1)[1]
+    limited = rmq.model_copy(update={"url": SecretUrl(f"amqp://{user}:{password}@{host}")})
     with TopologyManager(limited) as manager:
         assert manager.verify([orders]) == []
     async with (
-        Collector(limited.url, work_queue(rmq, orders)) as collector,
+        Collector(limited.url.get_secret_value(), work_queue(rmq, orders)) as collector,
         AsyncPublisher(limited) as publisher,
     ):
         await publisher.publish(orders, b"a", delay=0.3)
@@ -322,7 +323,7 @@ async def test_limited_user_publishes_and_consumes_without_configure(
             sync_publisher.publish(orders, b"b", delay=0.1)
         received = await collector.wait_for(2, timeout=10)
     assert sorted(r.body for r in received) == [b"a", b"b"]
-    connection = await aio_pika.connect(limited.url)
+    connection = await aio_pika.connect(limited.url.get_secret_value())
     try:  # and it really cannot configure
         channel = await connection.channel()
         with pytest.raises(aiormq.exceptions.ChannelAccessRefused):

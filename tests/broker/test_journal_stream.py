@@ -24,7 +24,7 @@ from rmqdelay.core.journal import JournalRecord, encode_record, journal_name
 
 
 def _append(settings: Settings, records: list[JournalRecord]) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -80,7 +80,7 @@ def test_a_sync_read_returns_every_record_in_order_and_stops_at_its_own_marker(
 ) -> None:
     written = _records(1200)  # over one ack batch and under one prefetch window
     _append(settings, written)
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         first = read_journal(connection, settings.layout, timeout=10)
         again = read_journal(connection, settings.layout, timeout=10)
@@ -93,7 +93,7 @@ def test_a_sync_read_returns_every_record_in_order_and_stops_at_its_own_marker(
 async def test_an_async_read_sees_the_same_records(settings: Settings) -> None:
     written = _records(30)
     _append(settings, written)
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
         assert await read_journal_async(connection, settings.layout, timeout=10) == written
     finally:
@@ -103,7 +103,7 @@ async def test_an_async_read_sees_the_same_records(settings: Settings) -> None:
 async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) -> None:
     _append(settings, _records(5))
     seen: list[JournalRecord] = []
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
         tail = await JournalTail(connection, settings.layout, seen.append).start()
         await asyncio.wait_for(tail.caught_up.wait(), 10)
@@ -121,7 +121,7 @@ async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) ->
 
 def test_reading_with_the_journal_off_names_the_setting(settings: Settings) -> None:
     off = settings.model_copy(update={"schedule_journal": False})
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         with pytest.raises(ConfigurationError, match="schedule_journal"):
             read_journal(connection, off.layout)
@@ -136,7 +136,7 @@ def test_cancel_answers_and_list_leaves_out_what_was_cancelled_or_is_past(
     ahead = [JournalRecord("scheduled", f"a{i}", "orders", now + 60_000 - i) for i in range(4)]
     past = JournalRecord("scheduled", "past", "orders", now - 1)
     _append(settings, [*ahead, past])
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         results = cancel(connection, settings.layout, ["a1", "past", "nobody"])
         assert [(r.message_id, r.outcome) for r in results] == [
@@ -157,7 +157,7 @@ async def test_async_cancel_and_list(settings: Settings) -> None:
     _append(
         settings, [JournalRecord("scheduled", f"b{i}", "orders", now + 60_000) for i in range(3)]
     )
-    connection = await aio_pika.connect(settings.url)
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
         results = await cancel_async(connection, settings.layout, ["b0"])
         assert [r.outcome for r in results] == ["cancelled"]
@@ -180,7 +180,7 @@ def test_the_cli_lists_and_cancels_and_exits_0_only_when_all_were_cancelled(
         [JournalRecord("scheduled", f"c{i}", "orders", now + 60_000 + i) for i in range(3)],
     )
     env = {
-        "RMQDELAY_URL": settings.url,
+        "RMQDELAY_URL": settings.url.get_secret_value(),
         "RMQDELAY_PREFIX": settings.prefix,
         "RMQDELAY_MAX_DELAY": "1m",
     }

@@ -32,7 +32,7 @@ READS = 25  # past 4.0's default limit of 20
 
 
 def _park_one(settings: Settings, destination: str) -> None:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -45,7 +45,7 @@ def _park_one(settings: Settings, destination: str) -> None:
 
 
 def _parked_now(settings: Settings) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         return ready_messages(connection, settings.layout.parking, 5.0) or 0
     finally:
@@ -79,7 +79,7 @@ async def _by_replay_of_another(settings: Settings, _destination: str) -> int:
 
 
 async def _by_status_peek(settings: Settings, destination: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         breakdown = peek_parked(connection, settings.layout, 100)
     finally:
@@ -119,7 +119,7 @@ def _old_parking(settings: Settings, **arguments: Any) -> None:
     with TopologyManager(settings) as manager:
         wanted = dict(manager.topology().queue(settings.layout.parking).arguments)
     del wanted["x-delivery-limit"]
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         connection.channel().queue_declare(
             settings.layout.parking, durable=True, arguments={**wanted, **arguments}

@@ -33,6 +33,7 @@ from rmqdelay import (
 )
 from rmqdelay.amqp.aio_publisher import _is_open
 from rmqdelay.amqp.connections import connect_async, connect_blocking
+from rmqdelay.settings import SecretUrl
 
 T = TypeVar("T")
 BOUND = 10.0
@@ -60,7 +61,7 @@ def within(seconds: float, call: Callable[[], T]) -> T:
 
 
 def ready(settings: Settings, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(str(settings.url)))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
     finally:
@@ -127,10 +128,10 @@ def proxy(amqp_url: str) -> Iterator[SilentProxy]:
 
 
 def through(settings: Settings, proxy: SilentProxy, confirm_timeout: float = 1.0) -> Settings:
-    parts = urlsplit(str(settings.url))
+    parts = urlsplit(settings.url.get_secret_value())
     netloc = f"{parts.netloc.rsplit('@', 1)[0]}@127.0.0.1:{proxy.port}"
     url = urlunsplit(parts._replace(netloc=netloc))
-    return settings.model_copy(update={"url": url, "confirm_timeout": confirm_timeout})
+    return settings.model_copy(update={"url": SecretUrl(url), "confirm_timeout": confirm_timeout})
 
 
 # ---------------------------------------------------------------- inputs that hung
@@ -216,7 +217,7 @@ def test_sync_publisher_reconnects_after_its_connection_is_closed(
         assert [c["connection_name"] for c in admin.wait_for_connections(f"{prefix}.pub")] == [
             f"{prefix}.pub"
         ]
-    connection = pika.BlockingConnection(pika.URLParameters(str(settings.url)))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         bodies: list[tuple[bytes | None, str | None]] = []
@@ -237,7 +238,7 @@ async def test_async_publisher_reconnects_after_its_connection_is_closed(
     settings: Settings, admin: BrokerAdmin, prefix: str
 ) -> None:
     async with (
-        Collector(str(settings.url), work_queue(settings, DEST)) as collector,
+        Collector(settings.url.get_secret_value(), work_queue(settings, DEST)) as collector,
         AsyncPublisher(settings) as publisher,
     ):
         await publisher.publish(DEST, b"before", delay=0)

@@ -27,7 +27,7 @@ def _publish_known_mix(settings: Settings) -> dict[str, int]:
             + [{"destination": DEST, "body": b"x", "delay": "2m"} for _ in range(2)]
             + [{"destination": DEST, "body": b"x", "delay": 0} for _ in range(2)]
         )
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -44,7 +44,10 @@ def _publish_known_mix(settings: Settings) -> dict[str, int]:
 
 
 def _status(settings: Settings, *extra: str, url: str | None = None) -> dict[str, Any]:
-    env = {"RMQDELAY_URL": url or settings.url, "RMQDELAY_PREFIX": settings.prefix}
+    env = {
+        "RMQDELAY_URL": url or settings.url.get_secret_value(),
+        "RMQDELAY_PREFIX": settings.prefix,
+    }
     env["RMQDELAY_MAX_DELAY"] = "10m"
     result = CliRunner().invoke(app, ["status", "--json", *extra], env=env)
     assert result.exit_code == 0, result.output
@@ -89,7 +92,11 @@ def test_status_counts_what_was_published_by_either_source(amqp_url: str, prefix
     prometheus = CliRunner().invoke(
         app,
         ["status", "--prometheus", "--amqp-only", "-d", DEST],
-        env={"RMQDELAY_URL": settings.url, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "10m"},
+        env={
+            "RMQDELAY_URL": settings.url.get_secret_value(),
+            "RMQDELAY_PREFIX": prefix,
+            "RMQDELAY_MAX_DELAY": "10m",
+        },
     )
     assert f'rmqdelay_parked_messages{{prefix="{prefix}"}} 1' in prometheus.output
     assert f'destination="{DEST}",state="ready"}} 2' in prometheus.output

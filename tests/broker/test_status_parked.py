@@ -29,7 +29,7 @@ def _park_a_known_mix(settings: Settings) -> None:
     """3 parked by a worker for DEST, 2 by the broker for a destination with no work
     queue (the delivery exchange's alternate exchange), 1 with no rmqdelay header."""
     layout = settings.layout
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         channel = connection.channel()
         channel.confirm_delivery()
@@ -48,7 +48,7 @@ def _park_a_known_mix(settings: Settings) -> None:
 
 
 def _parked_now(settings: Settings) -> int | None:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         return ready_messages(connection, settings.layout.parking, 5.0)
     finally:
@@ -56,7 +56,10 @@ def _parked_now(settings: Settings) -> int | None:
 
 
 def _status(settings: Settings, *extra: str, url: str | None = None) -> dict[str, Any]:
-    env = {"RMQDELAY_URL": url or settings.url, "RMQDELAY_PREFIX": settings.prefix}
+    env = {
+        "RMQDELAY_URL": url or settings.url.get_secret_value(),
+        "RMQDELAY_PREFIX": settings.prefix,
+    }
     env["RMQDELAY_MAX_DELAY"] = "10m"
     result = CliRunner().invoke(
         app, ["status", "--json", "--parked-by-destination", *extra], env=env
@@ -104,7 +107,11 @@ def test_the_peek_reads_no_more_than_its_limit(amqp_url: str, prefix: str) -> No
     plain = CliRunner().invoke(
         app,
         ["status", "--amqp-only", "--parked-by-destination", "--parked-limit", "2"],
-        env={"RMQDELAY_URL": settings.url, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "10m"},
+        env={
+            "RMQDELAY_URL": settings.url.get_secret_value(),
+            "RMQDELAY_PREFIX": prefix,
+            "RMQDELAY_MAX_DELAY": "10m",
+        },
         terminal_width=200,
     )
     assert plain.exit_code == 0, plain.output

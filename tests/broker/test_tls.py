@@ -19,6 +19,7 @@ import pytest
 from support import Collector, work_queue
 
 from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyError, TopologyManager
+from rmqdelay.settings import SecretUrl
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -130,8 +131,8 @@ async def test_publish_and_topology_over_amqps(
     )
     with TopologyManager(settings) as manager:
         manager.apply(["secure"])
-    plain = settings.model_copy(update={"url": amqp_url})
-    async with Collector(plain.url, work_queue(plain, "secure")) as collector:
+    plain = settings.model_copy(update={"url": SecretUrl(amqp_url)})
+    async with Collector(plain.url.get_secret_value(), work_queue(plain, "secure")) as collector:
         with Publisher(settings) as publisher:
             publisher.publish("secure", b"sync over tls", delay=0.05)
         async with AsyncPublisher(settings) as apublisher:

@@ -30,7 +30,7 @@ runner = CliRunner()
 async def cli(settings: Settings, *args: str) -> tuple[int, str]:
     """Run the CLI in a thread (it runs its own event loop); return code and output."""
     env = {
-        "RMQDELAY_URL": settings.url,
+        "RMQDELAY_URL": settings.url.get_secret_value(),
         "RMQDELAY_PREFIX": settings.prefix,
         "RMQDELAY_MAX_DELAY": "1h",
         "RMQDELAY_CONNECTION_NAME": settings.connection_name,

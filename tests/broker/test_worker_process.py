@@ -103,7 +103,7 @@ def worker_env(
 ) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
     env.update(
-        RMQDELAY_URL=url or settings.url,
+        RMQDELAY_URL=url or settings.url.get_secret_value(),
         RMQDELAY_PREFIX=settings.prefix,
         RMQDELAY_MAX_DELAY="1h",
         RMQDELAY_QUEUE_TYPE=settings.queue_type,
@@ -119,7 +119,7 @@ def worker_env(
 
 
 def depth(settings: Settings, queue: str) -> int:
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url))
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
     try:
         ok = connection.channel().queue_declare(queue, passive=True)
         return int(ok.method.message_count or 0)
