@@ -6,7 +6,12 @@ import pytest
 from pydantic import ValidationError
 
 from rmqdelay import Settings
-from rmqdelay.amqp.management import management_location
+from rmqdelay.amqp.management import (
+    ManagementApi,
+    management_location,
+    management_locations,
+    same_cluster,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,3 +46,69 @@ def test_setting_is_checked_and_masked(monkeypatch: pytest.MonkeyPatch) -> None:
         Settings(management_url="amqp://u:secretpw@h:5672")
     message = info.value.errors()[0]["msg"]
     assert "http(s)://host:port" in message and "secretpw" not in message
+
+
+def test_several_locations_each_amqp_host_or_each_management_url_in_order() -> None:
+    amqp = ["amqp://u:p1@n1:5711/%2F", "amqp://u:p2@n2:5712/%2F", "amqp://u:p3@n1:5713/%2F"]
+    # the default: each AMQP host on :15672 once, with that URL's credentials
+    assert management_locations(amqp) == [
+        ("http://n1:15672", "u", "p1"),
+        ("http://n2:15672", "u", "p2"),
+    ]
+    # given ones, in order: their own credentials, else those of the AMQP URL of their host
+    given = ["http://n2:15712", "http://admin:pm@n9:15719", "http://n7:15717"]
+    assert management_locations(amqp, given) == [
+        ("http://n2:15712", "u", "p2"),
+        ("http://n9:15719", "admin", "pm"),
+        ("http://n7:15717", "u", "p1"),
+    ]
+
+
+def test_the_api_takes_only_the_vhost_from_the_amqp_urls() -> None:
+    api = ManagementApi(
+        "amqp://u:secret1@n1:5672/shop%2Fa,amqp://u:secret2@n2:5672/shop%2Fa",
+        "http://n3:15672,http://n4:15672",
+    )
+    assert api.vhost == "shop/a"
+    assert api.bases == ["http://n3:15672", "http://n4:15672"] and api.base == api.bases[0]
+    assert api.configured
+
+
+# What RabbitMQ 4.0.5's local cluster reports (measured: AMQP server properties and
+# /api/overview give cluster_name "<node's name>@<the machine's FQDN>", each node its own;
+# /api/nodes and overview's node give "<name>@localhost").
+C4 = ["rmqd-c4-1@localhost", "rmqd-c4-2@localhost", "rmqd-c4-3@localhost"]
+
+
+@pytest.mark.parametrize(
+    ("amqp_name", "api_name", "api_node", "nodes", "same"),
+    [
+        ("rmqd-c4-2@vm", "rmqd-c4-1@vm", "rmqd-c4-1@localhost", C4, True),
+        ("rmqd-c4-3@vm", "rmqd-c4-3@vm", None, [], True),  # one node, or a name set
+        ("prod", "prod", None, [], True),
+        # another broker on the same machine: the 3.10.8 node, against the cluster's API
+        ("rabbit@vm", "rmqd-c4-1@vm", "rmqd-c4-1@localhost", C4, False),
+        ("rmqd-c4-2@vm", "prod", "rabbit@n1", ["rabbit@n1", "rabbit@n2"], False),
+        # nodes on machines of their own: the node's host is the FQDN's first label
+        (
+            "rabbit@n2.example.com",
+            "rabbit@n1.example.com",
+            "rabbit@n1",
+            ["rabbit@n1", "rabbit@n2"],
+            True,
+        ),
+        (
+            "rabbit@n9.example.com",
+            "rabbit@n1.example.com",
+            "rabbit@n1",
+            ["rabbit@n1", "rabbit@n2"],
+            False,
+        ),
+        # a user without the monitoring tag sees no nodes: it cannot tell
+        ("rmqd-c4-2@vm", "rmqd-c4-1@vm", None, [], None),
+    ],
+)
+def test_same_cluster(
+    amqp_name: str, api_name: str, api_node: str | None, nodes: list[str], same: bool | None
+) -> None:
+    assert same_cluster(amqp_name, api_name, api_node, nodes) is same

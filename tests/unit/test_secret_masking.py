@@ -1,20 +1,27 @@
-"""No password in settings errors, reprs, masked URLs or worker log lines (no broker).
+"""No password in settings errors, reprs, dumps, masked URLs, worker log lines or the
+management API's requests (a stand-in API on 127.0.0.1; no broker).
 
 The broker-side half, every connect failure and the CLI: tests/broker/test_secrets.py.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import socket
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import ValidationError
 
 from rmqdelay import Settings, load_settings
+from rmqdelay.amqp.management import ManagementApi
 from rmqdelay.errors import RmqDelayError
 from rmqdelay.settings import mask_url
 from rmqdelay.worker.logs import StructuredFormatter
@@ -86,3 +93,132 @@ def test_the_log_formatter_hides_every_password_of_a_list(secret: str) -> None:
     line = formatter.format(record)
     assert_hidden(secret, line)
     assert_hidden(secret[::-1], line)
+
+
+# --------------------------------------------------------------------------- several URLs
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """A stand-in management API on 127.0.0.1 that keeps every request it gets."""
+
+    seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.seen.append(f"{self.requestline}\n{self.headers}")
+        answer: object = []
+        if self.path.startswith("/api/overview"):
+            answer = {"rabbitmq_version": "4.0.5", "cluster_name": "rmqd-c4-1@vm"}
+        body = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> Iterator[tuple[int, list[str]]]:
+    """(port, requests seen) of a stand-in management API."""
+    _Recorder.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], _Recorder.seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_no_password_of_several_urls_in_any_output(recorder: tuple[int, list[str]]) -> None:
+    """Each URL has its own password, the management URLs theirs: none shows anywhere."""
+    port, seen = recorder
+    p1, p2, p3, pm = (uuid.uuid4().hex for _ in range(4))
+    amqp = [f"amqp://u:{p1}@127.0.0.1:1/%2F", f"amqp://v:{p2}@127.0.0.1:2/%2F"]
+    amqp.append(f"amqp://w:{p3}@localhost:3/%2F")
+    dead = f"http://m:{pm}@127.0.0.1:{_closed_port()}"
+    management = [dead, f"http://m:{pm}@127.0.0.1:{port}/"]
+    secrets = (p1, p2, p3, pm)
+    settings = Settings(url=amqp, management_url=management)
+
+    def hidden(*texts: object) -> None:
+        for secret in secrets:
+            assert_hidden(secret, *texts)
+
+    hidden(
+        settings,
+        repr(settings),
+        settings.url,
+        repr(settings.url),
+        f"{settings.management_url}",
+        settings.masked_url,
+        settings.model_dump(),
+        settings.model_dump(mode="json"),
+        settings.model_dump_json(),
+    )
+    assert settings.model_dump(mode="json")["management_url"].count(":***@") == 2
+
+    # validation errors: a field's, the model's, a URL's own, and the vhost check
+    hidden(
+        *(
+            error_of(call)
+            for call in (
+                lambda: Settings(url=amqp, management_url=management, radix=99),
+                lambda: Settings(url=amqp, management_url=management, max_delay="1000000d"),
+                lambda: Settings(url=[*amqp, f"amqp://x:{pm}@h:5672/other"]),
+                lambda: Settings(url=amqp, management_url=[*management, f"ftp://m:{pm}@h"]),
+                lambda: Settings(url=[*amqp[:2], f"amqp://w:{p3}@h:99999/%2F"]),
+            )
+        )
+    )
+
+    # worker and CLI log lines: every URL, raw, in a message and a field
+    record = logging.LogRecord(
+        "aiormq", logging.ERROR, __file__, 1, "to %s and %s", (amqp, management), None
+    )
+    record.__dict__["url"] = settings.url.get_secret_value()
+    for fmt in ("text", "json"):
+        formatter = StructuredFormatter(fmt, settings.url, settings.management_url)  # type: ignore[arg-type]
+        hidden(formatter.format(record))
+
+    # the management API: the first does not answer, the second does; only the vhost of
+    # an AMQP URL goes into a request, and the management URL's own credentials
+    api = ManagementApi.for_settings(settings)
+    assert api.problem is None and api.base == f"http://127.0.0.1:{port}"
+    api.queues("rmqdelay.")
+    api.exchanges("rmqdelay.")
+    api.bindings()
+    api.node_names()
+    assert [r.split(" ")[1] for r in seen] == [
+        "/api/overview",
+        "/api/queues/%2F",
+        "/api/exchanges/%2F",
+        "/api/bindings/%2F",
+        "/api/nodes?columns=name",
+    ]
+    logins = [
+        base64.b64decode(line.split("Basic ", 1)[1]).decode()
+        for request in seen
+        for line in request.splitlines()
+        if line.startswith("Authorization:")
+    ]
+    assert logins == [f"m:{pm}"] * len(seen)
+    hidden(*(request.split("\nAuthorization:")[0] for request in seen))
+    for secret in (p1, p2, p3):  # nothing of the AMQP URLs but their vhost
+        assert_hidden(secret, *seen, *logins)
+
+    # the API's reasons when none answers, and the default API of each AMQP host
+    nowhere = ManagementApi(amqp, [dead, f"http://n:{pm}@127.0.0.1:{_closed_port()}"])
+    assert nowhere.problem is not None and nowhere.problem.count("is unreachable") == 2
+    default = ManagementApi(amqp)
+    assert default.bases == ["http://127.0.0.1:15672", "http://localhost:15672"]
+    hidden(nowhere.problem, nowhere.bases, default.bases)

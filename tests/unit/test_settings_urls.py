@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from rmqdelay import Settings
 from rmqdelay.amqp.connections import candidate_urls
-from rmqdelay.settings import mask_url
+from rmqdelay.settings import SecretUrl, mask_url
 
 A = "amqp://u:pw-a@h1:5701/%2F"
 B = "amqp://u:pw-b@h2:5702/%2F"
@@ -40,3 +41,47 @@ def test_ordered_keeps_the_order_and_shuffled_tries_each_once() -> None:
     orders = {tuple(candidate_urls(shuffled)) for _ in range(50)}
     assert all(sorted(o) == sorted(urls) for o in orders)
     assert len(orders) > 1
+
+
+def test_urls_naming_different_vhosts_are_refused_naming_each_masked() -> None:
+    with pytest.raises(ValidationError) as info:
+        Settings(url=[A, "amqp://u:pw-c@h3:5703/other"])
+    text = str(info.value)
+    assert "url names several virtual hosts" in text and "'other'" in text and "'/'" in text
+    assert "pw-a" not in text and "pw-c" not in text
+    # the same vhost spelled three ways is one vhost
+    assert Settings(url=["amqp://h1", "amqp://h2/", "amqp://h3/%2F"]).vhost == "/"
+    assert Settings(url="amqp://h1/shop,amqp://h2/shop").vhost == "shop"
+
+
+def test_url_is_a_secret_shown_masked_and_raw_only_on_request() -> None:
+    settings = Settings(url=[A, B], management_url="http://m:pw-m@h1:15672")
+    assert isinstance(settings.url, SecretUrl) and isinstance(settings.management_url, SecretUrl)
+    assert str(settings.url) == "amqp://u:***@h1:5701/%2F,amqp://u:***@h2:5702/%2F"
+    assert repr(settings.management_url) == "SecretUrl('http://m:***@h1:15672')"
+    assert settings.url.get_secret_value() == f"{A},{B}"
+    assert settings.urls == [A, B] and settings.management_urls == ["http://m:pw-m@h1:15672"]
+    assert settings.model_dump(mode="json")["url"] == settings.masked_url
+    # a Settings can be made again from its own fields, and from a SecretUrl
+    assert Settings(url=settings.url).urls == [A, B]
+    assert Settings(url=[SecretUrl(A), B]).urls == [A, B]
+
+
+def test_several_management_urls_a_list_commas_or_json_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    m1, m2 = "http://a:pw1@n1:15672", "https://n2:15671/api-root"
+    assert Settings(management_url=[m1, m2]).management_urls == [m1, m2]
+    assert Settings(management_url=f"{m1} , {m2}").management_urls == [m1, m2]
+    monkeypatch.setenv("RMQDELAY_MANAGEMENT_URL", f'["{m1}", "{m2}"]')
+    assert Settings().management_urls == [m1, m2]
+    monkeypatch.delenv("RMQDELAY_MANAGEMENT_URL")
+    assert Settings(management_url=" ").management_url is None
+    with pytest.raises(ValidationError, match=r"management_url must be http\(s\)://host:port"):
+        Settings(management_url=[m1, "amqp://u:pw3@n3:5672"])
+
+
+def test_a_copy_with_a_plain_string_still_gives_raw_urls() -> None:
+    # model_copy does not validate: a str put there still works where the URLs are read
+    copied = Settings(url=A).model_copy(update={"url": B})
+    assert copied.urls == [B] and "pw-b" not in copied.masked_url
