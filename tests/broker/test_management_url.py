@@ -105,3 +105,29 @@ def test_management_url_credentials_win_and_stay_hidden(
     assert "refused the credentials (HTTP 401)" in verify.stderr
     assert password not in verify.stdout + verify.stderr
     assert f"at {management_url.rstrip('/')} refused" in " ".join(verify.stderr.split())
+
+
+def test_several_management_urls_are_tried_in_order(
+    env: dict[str, str], management_url: str, amqp_url: str
+) -> None:
+    wrong = f"http://127.0.0.1:{_closed_port()}"
+    several = {**env, "RMQDELAY_URL": f"{amqp_url},{amqp_url}"}  # a list: one vhost taken
+    verify = run(several, "verify", "-d", "jobs", "--management-url", f"{wrong},{management_url}")
+    assert verify.returncode == 0, verify.stderr
+    assert "is complete" in verify.stdout and verify.stderr == ""
+
+    settings = Settings(
+        url=[amqp_url, amqp_url],
+        management_url=[wrong, management_url],
+        prefix=env["RMQDELAY_PREFIX"],
+        max_delay="1m",
+    )
+    with TopologyManager(settings) as m:
+        assert m.management_problem is None
+        assert m.management.base == management_url.rstrip("/")
+        assert m.discover_destinations() == ["jobs"]
+
+    # none answers: each is named, and the setting
+    nowhere = run(env, "verify", "--management-url", f"{wrong},http://127.0.0.1:{_closed_port()}")
+    assert nowhere.returncode == 1
+    assert " ".join(nowhere.stderr.split()).count("is unreachable") == 2

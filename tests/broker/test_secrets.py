@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from broker import BrokerInfo
 from brokerctl import BrokerAdmin
 from pydantic import ValidationError
 
@@ -190,3 +192,87 @@ def test_the_worker_never_logs_the_password(
         assert worker.wait(10) == 0, log.read_text()
     assert "127.0.0.1:1" in log.read_text()
     assert_hidden(secret, log.read_text())
+
+
+# --------------------------------------------------------------------------- several URLs
+
+
+def test_several_urls_each_with_its_own_password_never_show(
+    amqp_url: str, broker: BrokerInfo, user: str, secret: str, prefix: str, tmp_path: Path
+) -> None:
+    """Two refused addresses, then a refused login, each with a password of its own,
+    and management URLs with theirs: no output of the library, the CLI or the worker
+    shows any of them."""
+    passwords = [*(uuid.uuid4().hex for _ in range(5)), secret]
+    good_user = urlsplit(str(amqp_url)).username or "guest"
+    urls = [
+        f"amqp://a:{passwords[0]}@127.0.0.1:1/%2F",
+        f"amqp://b:{passwords[1]}@127.0.0.1:2/%2F",
+        url_of(amqp_url, good_user, passwords[2]),  # the broker refuses the login
+    ]
+    closed = f"http://m:{passwords[3]}@127.0.0.1:{_closed_port()}"
+
+    def hidden(*texts: object) -> None:
+        for password in passwords:
+            assert_hidden(password, *texts)
+
+    settings = Settings(url=urls, management_url=closed, prefix=prefix, max_delay="1h")
+    sync = error_of(lambda: connect_blocking(settings, "test"))
+    assert "refused the login" in str(sync)
+    hidden(sync, repr(sync), settings, settings.model_dump_json())
+
+    env = {**os.environ, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "1h"}
+    env |= {"RMQDELAY_URL": ",".join(urls), "RMQDELAY_MANAGEMENT_URL": closed}
+    for args in (
+        ("topology", "verify", "-d", "jobs"),
+        ("topology", "plan"),
+        ("status",),
+        ("status", "--json"),
+        ("scheduled", "list"),
+        ("parked", "list"),
+        ("publish", "jobs", "x", "--delay", "1s"),
+        ("cancel", "some-id"),
+    ):
+        hidden(run(env, *args))
+
+    # the AMQP side works (the last URL logs in), the management URLs do not: one does not
+    # answer, the other refuses its own credentials
+    urls[2] = url_of(amqp_url, user, secret)
+    if broker.management_url:
+        parts = urlsplit(broker.management_url)
+        refused = parts._replace(netloc=f"m:{passwords[4]}@{parts.netloc}").geturl()
+        env |= {"RMQDELAY_URL": ",".join(urls), "RMQDELAY_MANAGEMENT_URL": f"{closed},{refused}"}
+        said = run(env, "topology", "verify", "-d", "jobs")
+        assert "refused the credentials (HTTP 401)" in said and "is unreachable" in said
+        hidden(said)
+
+    # the worker, retrying the refused addresses (DEBUG: every library's lines)
+    (tmp_path / "secret_app.py").write_text(WORKER_APP)
+    log = tmp_path / "worker.log"
+    env["RMQDELAY_URL"] = ",".join(urls[:2])
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [*WORKER_CMD, "--log-level", "DEBUG", "--log-format", "text"],
+            env=env,
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while log.read_text().count("retrying in") < 2:
+            assert worker.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(10) == 0, log.read_text()
+    assert "127.0.0.1:1" in log.read_text() and "127.0.0.1:2" in log.read_text()
+    hidden(log.read_text())
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -187,7 +187,7 @@ def test_no_password_of_several_urls_in_any_output(recorder: tuple[int, list[str
     )
     record.__dict__["url"] = settings.url.get_secret_value()
     for fmt in ("text", "json"):
-        formatter = StructuredFormatter(fmt, settings.url, settings.management_url)  # type: ignore[arg-type]
+        formatter = StructuredFormatter(fmt, settings.url, settings.management_url)
         hidden(formatter.format(record))
 
     # the management API: the first does not answer, the second does; only the vhost of
