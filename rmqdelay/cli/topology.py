@@ -42,8 +42,9 @@ _destinations = click.option(
 _management_url = click.option(
     "--management-url",
     metavar="URL",
-    help="Management API, to list bindings and work queues (default: the AMQP host, "
-    "port 15672, https for amqps). Env: RMQDELAY_MANAGEMENT_URL.",
+    help="Management API of any node, to list bindings and work queues; several (commas) "
+    "are tried in order (default: each AMQP host, port 15672, https for amqps). "
+    "Env: RMQDELAY_MANAGEMENT_URL.",
 )
 _STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unchecked": "dim"}
 
