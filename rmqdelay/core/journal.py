@@ -207,7 +207,7 @@ class ScheduleView:
     copies: dict[tuple[str, int], JournalRecord] = field(default_factory=dict)
     cancelled: dict[str, set[int]] = field(default_factory=dict)
     """Per id, the due times named by a tombstone and not recorded again since."""
-    _by_id: dict[str, list[int]] | None = field(default=None, init=False, repr=False)
+    _by_id: dict[str, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def add(self, record: JournalRecord) -> None:
         message_id = record.message_id
