@@ -17,6 +17,9 @@ where a broker comes from); this is its command line::
                                         # masked URLs
     python scripts/broker.py cluster urls|management-urls
                                         # comma-separated, for $(...) (make cluster-test)
+    python scripts/broker.py cluster partition N|heal N
+                                        # cut node N (1-3) off from the others with
+                                        # nftables (clients still reach it); heal it
     python scripts/broker.py cluster --rabbitmq 3 start|stop|urls|management-urls
                                         # the same from the host's RabbitMQ 3.10 on
                                         # :5701-5703 (default: $RMQDELAY_CLUSTER_RABBITMQ,
@@ -134,7 +137,10 @@ def _cluster(argv: list[str]) -> int:
     ``--rabbitmq 4|3`` (or ``--rabbitmq=3``) picks the RabbitMQ the cluster runs."""
     from brokers import cluster
 
-    usage = "usage: broker.py cluster [--rabbitmq 4|3] start|stop|urls|management-urls"
+    usage = (
+        "usage: broker.py cluster [--rabbitmq 4|3] "
+        "start|stop|urls|management-urls|partition N|heal N"
+    )
     argv = list(argv)
     version: str | None = None
     for i, arg in enumerate(argv):
@@ -167,6 +173,12 @@ def _cluster(argv: list[str]) -> int:
             return 0
         if argv == ["management-urls"]:
             print(",".join(cluster.management_urls()), flush=True)
+            return 0
+        if len(argv) == 2 and argv[0] == "partition" and argv[1] in ("1", "2", "3"):
+            cluster.partition(int(argv[1]) - 1)
+            return 0
+        if len(argv) == 2 and argv[0] == "heal" and argv[1] in ("1", "2", "3"):
+            cluster.heal(int(argv[1]) - 1)
             return 0
     except BrokerUnavailable as exc:
         error(str(exc))

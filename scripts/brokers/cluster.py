@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import partition as _partition
 from . import rmq4
 from .base import BrokerUnavailable, log, run_captured
 from .debian import DebianNode, start_node, stop_node
@@ -45,10 +46,12 @@ __all__ = [
     "VERSION_ENV",
     "Flavour",
     "current",
+    "heal",
     "kill",
     "management_urls",
     "node_names",
     "nodes",
+    "partition",
     "pid",
     "registered",
     "restart",
@@ -175,6 +178,12 @@ def running_nodes(index: int = 0) -> int:
     return int(out.strip() or 0)
 
 
+def _partitions_on_record(index: int) -> int:
+    """How many nodes node *index* holds a partition from (``rabbit_node_monitor``)."""
+    out = _ctl(nodes()[index], "eval", "length(rabbit_node_monitor:partitions()).", timeout=60)
+    return int(out.strip() or 0)
+
+
 def _up(node: DebianNode) -> bool:
     return tcp_open(node.host, node.port) and amqp_ok(node.url, timeout=3.0)[0]
 
@@ -274,6 +283,41 @@ def restart(index: int) -> None:
     names = current().names
     if not wait_for(lambda: running_nodes(index) == len(names), 120, interval=1.0):
         raise BrokerUnavailable(f"{names[index]} restarted but the cluster is not whole")
+
+
+def partition(index: int) -> None:
+    """Cut node *index* off from the other nodes (see :mod:`.partition`); clients still
+    reach its AMQP and management ports."""
+    all_nodes = nodes()
+    vm = pid(all_nodes[index])
+    if vm is None:
+        raise BrokerUnavailable(f"{all_nodes[index].node_name} is not running: cannot cut it off")
+    own = all_nodes[index].dist_port
+    peers = [n.dist_port for i, n in enumerate(all_nodes) if i != index]
+    assert own is not None and all(p is not None for p in peers)
+    _partition.partition(vm, own, [p for p in peers if p is not None])
+
+
+def heal(index: int | None = None) -> None:
+    """Undo :func:`partition` (safe to call when there is none). With the default
+    ``cluster_partition_handling = ignore`` the nodes keep the partition on record once the
+    network is back (``/api/nodes`` lists it, and node *index* counts as not running): as
+    RabbitMQ's documentation prescribes, node *index*'s app is then restarted, and this
+    returns once the cluster is whole again."""
+    _partition.heal()
+    if index is None:
+        return
+    node = nodes()[index]
+    names = current().names
+    if not _partitions_on_record(0) and not _partitions_on_record(index):
+        return
+    log(f"{node.node_name} still partitioned on record: restarting its app")
+    _ctl(node, "stop_app")
+    _ctl(node, "start_app")
+    if not wait_for(
+        lambda: running_nodes(0) == len(names) and not _partitions_on_record(0), 120, 1.0
+    ):
+        raise BrokerUnavailable(f"{node.node_name} restarted but the cluster is not whole")
 
 
 def stop_one(index: int) -> None:
