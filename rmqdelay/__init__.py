@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .errors import (
         BatchPublishError,
         ConfigurationError,
+        ConfirmTimeoutError,
         ConnectionFailedError,
         DelayError,
         InvalidBodyError,
@@ -49,6 +50,7 @@ __all__ = [
     "Backoff",
     "BatchPublishError",
     "ConfigurationError",
+    "ConfirmTimeoutError",
     "ConnectionFailedError",
     "Context",
     "DecodeError",
@@ -113,6 +115,7 @@ _WHERE: dict[str, str] = {
         (
             "BatchPublishError",
             "ConfigurationError",
+            "ConfirmTimeoutError",
             "ConnectionFailedError",
             "DelayError",
             "InvalidBodyError",

@@ -5,10 +5,17 @@ A caller can catch the base class, or one cause: each message names what to fix.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .core.outgoing import PublishResult
+
 __all__ = [
     "AccessRefusedError",
     "BatchPublishError",
     "ConfigurationError",
+    "ConfirmTimeoutError",
     "ConnectionFailedError",
     "DelayError",
     "InvalidBodyError",
@@ -79,6 +86,15 @@ class UnroutableError(PublishError):
     """The broker returned the message (mandatory): nothing was bound to take it."""
 
 
+class ConfirmTimeoutError(PublishError):
+    """No confirm came within ``confirm_timeout``: the message may or may not be queued.
+
+    A publisher that opened its own connection takes it as a sign that its node is cut
+    off from the cluster's majority: it reconnects, trying that node last, and sends the
+    message again (same id and due time) before raising this.
+    """
+
+
 class PublishNackedError(PublishError):
     """The broker refused the message with basic.nack (for example a full queue)."""
 
@@ -91,11 +107,19 @@ class BatchPublishError(PublishError):
     """Some messages of a batch were not confirmed; the others were.
 
     ``failures`` maps each failed message id to its error; publish those again.
+    ``results`` holds the :class:`~rmqdelay.PublishResult` of each confirmed message, in
+    the order of the requests.
     """
 
-    def __init__(self, failures: dict[str, PublishError], confirmed: int) -> None:
+    def __init__(
+        self,
+        failures: dict[str, PublishError],
+        confirmed: int,
+        results: Sequence[PublishResult] = (),
+    ) -> None:
         self.failures = failures
         self.confirmed = confirmed
+        self.results = list(results)
         first_id, first = next(iter(failures.items()))
         super().__init__(
             f"{len(failures)} of {len(failures) + confirmed} messages were not confirmed; "

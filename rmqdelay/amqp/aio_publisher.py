@@ -22,6 +22,7 @@ from pamqp.commands import Basic
 from ..core.journal import CancelResult, JournalRecord
 from ..core.outgoing import (
     CheckQueue,
+    Failover,
     Flow,
     Outcome,
     Outgoing,
@@ -35,7 +36,7 @@ from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import journal
 from .connections import connect_async
 from .passive import queue_exists_async
-from .publishing import PublisherSurface
+from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 
@@ -124,9 +125,10 @@ class AsyncPublisher(
         elif channel is not None and not channel.is_closed:
             await self._quietly(channel.close())
 
-    async def _quietly(self, closing: Awaitable[Any]) -> None:
+    async def _quietly(self, closing: Awaitable[Any], at_most: float | None = None) -> None:
+        timeout = self.settings.confirm_timeout
         try:
-            await asyncio.wait_for(closing, self.settings.confirm_timeout)
+            await asyncio.wait_for(closing, timeout if at_most is None else min(at_most, timeout))
         except (asyncio.TimeoutError, aiormq.exceptions.AMQPError, *_LOST):
             pass  # gone, or going: nothing more to wait for
 
@@ -177,7 +179,7 @@ class AsyncPublisher(
         return connection
 
     async def _open_connection(self) -> AbstractConnection:
-        self._connection = await connect_async(self.settings, "pub")
+        self._connection = await connect_async(self.settings, "pub", last=self._try_last)
         return self._watch(self._connection)
 
     async def _live_connection(self) -> AbstractConnection:
@@ -244,10 +246,29 @@ class AsyncPublisher(
             step = steps.next(await self._do(step))
         return cast(T, steps.value)
 
-    async def _do(self, step: CheckQueue | Send) -> object:
+    async def _do(self, step: CheckQueue | Send | Failover) -> object:
         if isinstance(step, CheckQueue):
             return await self._queue_exists(step.queue)
+        if isinstance(step, Failover):
+            return await self._failover(step.reason)
         return await self._send(step.batch)
+
+    async def _failover(self, reason: str) -> bool:
+        """:meth:`rmqdelay.Publisher._failover`, from asyncio code."""
+        if not self._leaving(reason):
+            return False
+        try:
+            new = await connect_async(
+                self.settings, "pub", last=self._try_last, timeout=self._failover_timeout
+            )
+        except ConnectionFailedError as exc:
+            self._stay(exc)
+            return False
+        old, self._channel = self._connection, None
+        self._connection = self._watch(new)
+        if old is not None and not old.is_closed:
+            await self._quietly(old.close(), FAILOVER_CLOSE_S)
+        return True
 
     async def _queue_exists(self, queue: str) -> bool:
         connection = await self._live_connection()

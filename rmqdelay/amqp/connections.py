@@ -26,6 +26,8 @@ import re
 import socket
 import ssl
 import sys
+import weakref
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
@@ -44,7 +46,13 @@ from .tls import ssl_context
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection, AbstractRobustConnection
 
-__all__ = ["candidate_urls", "connect_async", "connect_blocking", "connection_failure"]
+__all__ = [
+    "address_of",
+    "candidate_urls",
+    "connect_async",
+    "connect_blocking",
+    "connection_failure",
+]
 
 CONNECT_TIMEOUT_S = 10.0
 _URL_HINT = "check the url setting (--url, RMQDELAY_URL)"
@@ -55,10 +63,21 @@ _PIKA_CONNECT_ERRORS = (pika.exceptions.AMQPError, AMQPConnectorException, OSErr
 that timed out, say) are not :class:`pika.exceptions.AMQPError`."""
 
 
-def candidate_urls(settings: Settings) -> list[str]:
-    """The addresses to try, in order: as given, or shuffled afresh at each connect."""
+_ADDRESSES: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def candidate_urls(settings: Settings, last: Collection[str] = ()) -> list[str]:
+    """The addresses to try, in order: as given, or shuffled afresh at each connect;
+    those in ``last`` (a node that stopped confirming) after all the others."""
     urls = settings.urls
-    return random.sample(urls, len(urls)) if settings.url_order == "shuffled" else urls
+    if settings.url_order == "shuffled":
+        urls = random.sample(urls, len(urls))
+    return [u for u in urls if u not in last] + [u for u in urls if u in last]
+
+
+def address_of(connection: object) -> str | None:
+    """The address (one of ``settings.urls``) this module opened ``connection`` to."""
+    return _ADDRESSES.get(connection)
 
 
 # --------------------------------------------------------------------------- why it failed
@@ -250,28 +269,44 @@ def _all_failed(
 
 
 def _pika_params(
-    settings: Settings, address: str, role: str, context: ssl.SSLContext | None
+    settings: Settings,
+    address: str,
+    role: str,
+    context: ssl.SSLContext | None,
+    timeout: float = CONNECT_TIMEOUT_S,
 ) -> pika.URLParameters:
     params = pika.URLParameters(address)
     params.client_properties = {"connection_name": f"{settings.connection_name}.{role}"}
     params.connection_attempts = 1
-    params.socket_timeout = CONNECT_TIMEOUT_S
+    params.socket_timeout = timeout
+    if timeout < CONNECT_TIMEOUT_S:  # the whole opening too, not each socket wait alone
+        params.stack_timeout = timeout
     if context is not None:
         params.ssl_options = pika.SSLOptions(context, server_hostname=params.host)
     return params
 
 
-def connect_blocking(settings: Settings, role: str) -> pika.BlockingConnection:
+def connect_blocking(
+    settings: Settings,
+    role: str,
+    *,
+    last: Collection[str] = (),
+    timeout: float = CONNECT_TIMEOUT_S,
+) -> pika.BlockingConnection:
     """Open a pika connection named after its role, so operators can tell it apart.
 
-    Each address in turn; a refusal that another address cannot cure (credentials, an
-    unknown vhost) ends the attempt at once.
+    Each address in turn (``last`` after the others), each given ``timeout`` seconds; a
+    refusal that another address cannot cure (credentials, an unknown vhost) ends the
+    attempt at once.
     """
     context = ssl_context(settings)
     failures: list[tuple[str, ConnectionFailedError]] = []
-    for address in candidate_urls(settings):
+    for address in candidate_urls(settings, last):
         try:
-            return pika.BlockingConnection(_pika_params(settings, address, role, context))
+            params = _pika_params(settings, address, role, context, timeout)
+            connection = pika.BlockingConnection(params)
+            _ADDRESSES[connection] = address
+            return connection
         except _PIKA_CONNECT_ERRORS as exc:
             failure = connection_failure(exc, address, settings)
         failures.append((address, failure))
@@ -304,9 +339,15 @@ def _refusal_reason(settings: Settings, address: str) -> ConnectionFailedError |
 
 
 async def connect_async(
-    settings: Settings, role: str, *, robust: bool = False
+    settings: Settings,
+    role: str,
+    *,
+    robust: bool = False,
+    last: Collection[str] = (),
+    timeout: float = CONNECT_TIMEOUT_S,
 ) -> AbstractConnection:
     """Open an aio-pika connection; ``robust`` reopens it and its channels by itself.
+    The addresses in ``last`` are tried after the others, each given ``timeout`` seconds.
 
     The name goes in the URL's ``name`` query, which every aiormq reads; aio-pika 9
     drops ``client_properties`` when it is given a URL.
@@ -320,12 +361,13 @@ async def connect_async(
     connect = aio_pika.connect_robust if robust else aio_pika.connect
     context = ssl_context(settings)
     failures: list[tuple[str, ConnectionFailedError]] = []
-    for address in candidate_urls(settings):
+    for address in candidate_urls(settings, last):
         try:
             url = str(URL(address).update_query(name=f"{settings.connection_name}.{role}"))
             connection: AbstractConnection | AbstractRobustConnection = await connect(
-                url, ssl_context=context, timeout=CONNECT_TIMEOUT_S
+                url, ssl_context=context, timeout=timeout
             )
+            _ADDRESSES[connection] = address
             return connection
         except aiormq.exceptions.InvalidFrameError as exc:
             failure = None

@@ -24,6 +24,7 @@ import pika.spec
 from ..core.journal import CancelResult, JournalRecord
 from ..core.outgoing import (
     CheckQueue,
+    Failover,
     Flow,
     Outcome,
     Outgoing,
@@ -45,7 +46,7 @@ from .blocking import (
 )
 from .connections import connect_blocking
 from .passive import queue_exists
-from .publishing import PublisherSurface
+from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 
 __all__ = ["Publisher", "pika_properties"]
 
@@ -143,7 +144,9 @@ class Publisher(
     # ------------------------------------------------------------------ connection
 
     def _open_connection(self) -> pika.BlockingConnection:
-        self._connection = connection = connect_blocking(self.settings, "pub")
+        self._connection = connection = connect_blocking(
+            self.settings, "pub", last=self._try_last
+        )
         return connection
 
     def _live_connection(self) -> pika.BlockingConnection:
@@ -204,10 +207,30 @@ class Publisher(
             step = steps.next(self._do(step))
         return cast(T, steps.value)
 
-    def _do(self, step: CheckQueue | Send) -> object:
+    def _do(self, step: CheckQueue | Send | Failover) -> object:
         if isinstance(step, CheckQueue):
             return self._queue_exists(step.queue)
+        if isinstance(step, Failover):
+            return self._failover(step.reason)
         return self._send(step.batch)
+
+    def _failover(self, reason: str) -> bool:
+        """Move to another node (see ``_leaving``): the new connection first, one pass
+        over the addresses; the old one is closed only once it is open, so a publisher
+        with nowhere to go keeps what it had."""
+        if not self._leaving(reason):
+            return False
+        try:
+            new = connect_blocking(
+                self.settings, "pub", last=self._try_last, timeout=self._failover_timeout
+            )
+        except ConnectionFailedError as exc:
+            self._stay(exc)
+            return False
+        old, self._connection, self._channel = self._connection, new, None
+        assert old is not None
+        close_connection(old, min(FAILOVER_CLOSE_S, self.settings.confirm_timeout))
+        return True
 
     def _queue_exists(self, queue: str) -> bool:
         connection = self._live_connection()

@@ -7,15 +7,21 @@ constructor, their methods and the documentation of both live here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, cast
 
 from typing_extensions import Unpack
 
 from ..core.outgoing import RECONNECT_PAUSES, Flow, PublisherCore, PublishOptions
-from ..settings import Settings
+from ..settings import Settings, mask_url
+from .connections import CONNECT_TIMEOUT_S, address_of
 
-__all__ = ["PublisherSurface"]
+__all__ = ["FAILOVER_CLOSE_S", "PublisherSurface"]
+
+log = logging.getLogger("rmqdelay.publisher")
+FAILOVER_CLOSE_S = 5.0
+"""How long a publisher leaving a node waits for that connection to close."""
 
 ConnT = TypeVar("ConnT")
 OneT = TypeVar("OneT")
@@ -50,9 +56,38 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         self._lost: object = None
         """Why the connection last closed, for the error that reports it."""
         self._window = window
+        self._try_last: list[str] = []
+        """The address of the node that last stopped confirming: tried after the others."""
 
     def _run(self, flow: Flow[Any]) -> Any:
         raise NotImplementedError
+
+    def _leaving(self, reason: str) -> bool:
+        """Whether to answer a :class:`~rmqdelay.core.outgoing.Failover` by moving: only
+        from a connection of our own. Its node is tried last from now on: a node cut off
+        from the cluster's majority still accepts connections, and gives no confirms."""
+        if not self._owns_connection or self._connection is None:
+            return False
+        address = address_of(self._connection)
+        if address is not None:
+            self._try_last = [address]
+        self._lost = reason
+        log.warning(
+            "%s from %s: reconnecting (that node is tried last) to send them again",
+            reason,
+            mask_url(address or self.settings.masked_url),
+        )
+        return True
+
+    @property
+    def _failover_timeout(self) -> float:
+        """How long a failover gives each address: a user's ``confirm_timeout`` is the
+        wait they accept, and a cut-off publisher should not add a second one."""
+        return min(self.settings.confirm_timeout, CONNECT_TIMEOUT_S)
+
+    def _stay(self, why: BaseException) -> None:
+        """No other connection could be opened: keep this one, and the errors stand."""
+        log.warning("cannot move to another node (%s): the messages' errors stand", why)
 
     def _reconnect_pauses(self, failures: list[Exception]) -> Iterator[float]:
         """The pause before each attempt to reopen a dropped connection.

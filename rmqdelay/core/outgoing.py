@@ -25,6 +25,7 @@ from typing_extensions import Unpack
 
 from ..errors import (
     BatchPublishError,
+    ConfirmTimeoutError,
     DelayError,
     InvalidMessageError,
     PublisherClosedError,
@@ -60,6 +61,7 @@ from .wire import SHORTSTR_MAX, encode_properties
 __all__ = [
     "RECONNECT_PAUSES",
     "CheckQueue",
+    "Failover",
     "Flow",
     "MessageProperties",
     "Outcome",
@@ -204,7 +206,20 @@ class Send:
     batch: list[Prepared]
 
 
-Flow = Generator[CheckQueue | Send, Any, T]
+@dataclass(frozen=True)
+class Failover:
+    """A step: confirms did not come (``reason``); leave this connection for another node.
+
+    Answer True once a new connection is open (the node that failed is tried last), and
+    the flow sends the unconfirmed messages again; False when the publisher cannot move
+    (a connection it was given, or no node answered): the errors stand.
+    """
+
+    reason: str
+
+
+Step = CheckQueue | Send | Failover
+Flow = Generator[Step, Any, T]
 """A publish as steps for an adapter to carry out; its return value is the call's."""
 
 
@@ -215,7 +230,7 @@ class Steps(Generic[T]):
         self._flow = flow
         self.value: T | None = None
 
-    def next(self, answer: object = None) -> CheckQueue | Send | None:
+    def next(self, answer: object = None) -> Step | None:
         try:
             return self._flow.send(answer)
         except StopIteration as stop:
@@ -249,6 +264,8 @@ def unknown_destination(layout: Layout, destination: str) -> UnknownDestinationE
     )
 
 
+_SEND_AGAIN = (ConfirmTimeoutError, PublisherClosedError)
+"""Outcomes that leave a message's fate unknown because of the connection or its node."""
 _CARRIED = frozenset(CARRIED)
 _NO_PROPERTIES = dict.fromkeys(CARRIED)
 _REMEMBERED = 10_000
@@ -523,6 +540,19 @@ class PublisherCore:
             self.known_destinations.add(destination)
 
     def _send(self, batch: list[Prepared]) -> Flow[list[Outcome]]:
+        """Send, then once more on another node what got no confirm in time or lost its
+        connection first: at-least-once, the same ids and due times (a copy may exist)."""
+        outcomes = yield from self._send_once(batch)
+        again = [i for i, o in enumerate(outcomes) if isinstance(o, _SEND_AGAIN)]
+        if again:
+            reasons = {type(outcomes[i]).__name__ for i in again}
+            if (yield Failover(f"{len(again)} of {len(batch)} unconfirmed ({', '.join(reasons)})")):
+                resent = yield from self._send_once([batch[i] for i in again])
+                for i, outcome in zip(again, resent, strict=True):
+                    outcomes[i] = outcome
+        return outcomes
+
+    def _send_once(self, batch: list[Prepared]) -> Flow[list[Outcome]]:
         yield from self._check(p.destination for p in batch)
         if not self.layout.journal:
             outcomes: list[Outcome] = yield Send(batch)
@@ -641,8 +671,8 @@ class PublisherCore:
         )
 
     @staticmethod
-    def no_confirm(message_id: str, timeout: float) -> PublishError:
-        return PublishError(
+    def no_confirm(message_id: str, timeout: float) -> ConfirmTimeoutError:
+        return ConfirmTimeoutError(
             f"no confirm for message {message_id} within confirm_timeout={timeout:g}s; it "
             "may or may not have been delivered: publish it again"
         )
@@ -686,6 +716,7 @@ def gather_results(
             failures[item.message_id] = outcome
         elif isinstance(outcome, BaseException):
             raise outcome
+    results = [o for o in outcomes if isinstance(o, PublishResult)]
     if failures:
-        raise BatchPublishError(failures, len(prepared) - len(failures))
-    return [o for o in outcomes if isinstance(o, PublishResult)]
+        raise BatchPublishError(failures, len(prepared) - len(failures), results)
+    return results
