@@ -53,6 +53,7 @@ __all__ = [
     "read_journal",
     "read_journal_async",
     "require_journal",
+    "write_probe",
 ]
 
 _PREFETCH = 2000
@@ -303,6 +304,13 @@ async def append_records_async(
     name = require_journal(layout, "writing to the schedule journal")
     async with connection.channel(publisher_confirms=True, on_return_raises=True) as channel:
         await _publish_records(channel, name, records)
+
+
+async def write_probe(connection: AbstractConnection, layout: Layout) -> None:
+    """Append a marker (readers skip it) and wait for its confirm: a stream confirms a
+    write once a majority of its replicas have it, which a node cut off from the
+    cluster's majority cannot get, though it still accepts connections."""
+    await append_records_async(connection, layout, [_marker()])
 
 
 class JournalTail:

@@ -23,15 +23,15 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from ..amqp.aio_publisher import AsyncPublisher
-from ..amqp.connections import connect_async
-from ..amqp.journal import JournalTail
+from ..amqp.connections import address_of, connect_async
+from ..amqp.journal import JournalTail, write_probe
 from ..amqp.passive import queue_exists_async
 from ..core.context import Context
 from ..core.handlers import HandlerSpec
 from ..core.journal import Tombstones
 from ..core.retry import decide
 from ..errors import AccessRefusedError, ConnectionFailedError, TopologyError, WorkerError
-from ..settings import Settings
+from ..settings import Settings, mask_url
 from .metrics import HANDLED, HANDLER_SECONDS, LATENESS
 from .settle import SETTLE_ERRORS, Failure, Received, Settler, read_delivery
 
@@ -39,6 +39,10 @@ __all__ = ["RunningWorker"]
 
 log = logging.getLogger("rmqdelay.worker")
 _RECONNECT_MAX_S = 15.0
+PROBE_IDLE_S = 3.0
+"""A session that has had no delivery for this long writes a probe (see ``_watch_node``)."""
+PROBE_TIMEOUT_S = 7.0
+"""How long a probe may wait for its confirm before the worker leaves that node."""
 
 
 @dataclass
@@ -52,6 +56,8 @@ class _Session:
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     tail: JournalTail | None = None
     consumers: list[tuple[AbstractQueue, str]] = field(default_factory=list)
+    active_at: float = field(default_factory=time.monotonic)
+    """When a delivery last came, or a probe was last confirmed."""
 
 
 class RunningWorker:
@@ -93,6 +99,10 @@ class RunningWorker:
         self._rng = random.Random()
         self.tombstones = Tombstones()
         self._expired_at_ms = 0
+        self._try_last: list[str] = []
+        """The address of a node that stopped confirming: tried after the others."""
+        self.node_moves = 0
+        """How often a probe found the node cut off and the worker moved."""
 
     # ------------------------------------------------------------------ control
 
@@ -196,7 +206,9 @@ class RunningWorker:
                     self.prefetch,
                     extra={"url": self.settings.masked_url},
                 )
+                watch = asyncio.create_task(self._watch_node(session))
                 await _first(self._stop.wait(), session.lost.wait())
+                watch.cancel()
                 if not self._stop.is_set():
                     self.ready.clear()
                     log.warning(
@@ -216,8 +228,45 @@ class RunningWorker:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
 
+    async def _watch_node(self, session: _Session) -> None:
+        """Leave a node cut off from the cluster's majority.
+
+        Such a node keeps the connection, its heartbeats and the consumers, and delivers
+        nothing: no ``basic.cancel``, no error (RabbitMQ 4.0.5, measured). What it cannot
+        do is get a replicated write confirmed. So a session idle for ``PROBE_IDLE_S``
+        appends a probe to the schedule journal; without its confirm within
+        ``PROBE_TIMEOUT_S``, the session ends and the worker reconnects, that node last.
+        Without the journal there is nothing to probe: no write a worker may make.
+        """
+        if not self.layout.journal:
+            return
+        while not session.lost.is_set():
+            await asyncio.sleep(PROBE_IDLE_S)
+            if time.monotonic() - session.active_at < PROBE_IDLE_S:
+                continue
+            try:
+                await asyncio.wait_for(
+                    write_probe(session.connection, self.layout), PROBE_TIMEOUT_S
+                )
+            except Exception as exc:  # no confirm, a nack, a closed channel: move
+                if session.lost.is_set():
+                    return
+                address = address_of(session.connection)
+                self._try_last = [address] if address else []
+                self.node_moves += 1
+                log.warning(
+                    "the node at %s did not confirm a write within %gs (%s): it may be cut "
+                    "off from the cluster's majority; moving to another node",
+                    mask_url(address or self.settings.masked_url),
+                    PROBE_TIMEOUT_S,
+                    type(exc).__name__,
+                )
+                session.lost.set()
+                return
+            session.active_at = time.monotonic()
+
     async def _open(self) -> _Session:
-        connection = await connect_async(self.settings, "worker")
+        connection = await connect_async(self.settings, "worker", last=self._try_last)
         try:
             lost = asyncio.Event()
             connection.close_callbacks.add(lambda *_: lost.set())
@@ -339,6 +388,7 @@ class RunningWorker:
     ) -> None:
         # aiormq cancels its consumer tasks when the channel closes; ours must outlive
         # that, so a handler that is halfway is not cut off by a dropped connection.
+        session.active_at = time.monotonic()
         task = asyncio.create_task(self._process(session, spec, message))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
