@@ -3,13 +3,21 @@
 Pure. The counts come from one management API call or from passive declares
 (:mod:`rmqdelay.amqp.status`); both cost one step per queue, never one per message, so
 the answer takes the same time with a million messages waiting.
+
+Past-time messages: a quorum tier whose message expired hands it to its dead-letter
+worker, which holds it (at least once) until the next queue confirms it. The management
+API counts those as ``messages_dlx``; normally they leave within milliseconds, but a
+target that refuses them, or a leader change on RabbitMQ 3.10, can hold them for minutes.
+No API tells how long one has been held, so their age is measured by watching: a
+:class:`PastDueWatch` fed with snapshots over time says since when each tier has held
+some in every snapshot (``status --check``, ``--watch`` and the worker's gauges do).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .journal import journal_name
@@ -19,12 +27,16 @@ __all__ = [
     "DestinationStatus",
     "JournalStatus",
     "ParkedBreakdown",
+    "PastDueWatch",
     "QueueCounts",
     "Status",
+    "StuckTier",
     "TierStatus",
     "build_status",
     "count_parked",
     "prometheus_text",
+    "stuck_tiers",
+    "watch_past_due",
 ]
 
 
@@ -37,6 +49,10 @@ class QueueCounts:
     ready: int | None = None
     unacked: int | None = None
     consumers: int | None = None
+    past_due: int | None = None
+    """Expired messages the queue holds until the next queue confirms them (the management
+    API's ``messages_dlx``, quorum queues only); None where the source cannot tell: AMQP
+    has no count of them (a passive declare counts ready messages only)."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,15 @@ class TierStatus:
     queue: str
     ttl_ms: int
     messages: int | None
+    """Messages waiting for their time (ready or, briefly, unacked): not the past-time
+    ones, which RabbitMQ 3.10's ``messages`` also counts."""
+    past_due: int | None = None
+    """Messages past their time: expired, held until the next queue takes them. None:
+    unknown (over AMQP, or before the management API has statistics for the queue)."""
+    past_due_for_s: float | None = None
+    """For how long, at least, the tier has held past-time messages: the time from the
+    first of the snapshots watched in a row that all found some, to the last one; 0.0
+    when it holds none. None when not watched (one snapshot cannot tell an age)."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +126,19 @@ class Status:
 
     @property
     def scheduled(self) -> int:
-        """Messages waiting in the tiers."""
+        """Messages waiting for their time in the tiers."""
         return sum(t.messages or 0 for t in self.tiers)
 
+    @property
+    def past_due(self) -> int | None:
+        """Messages past their time in all tiers; None if any tier cannot tell."""
+        counts = [t.past_due for t in self.tiers]
+        if any(c is None for c in counts):
+            return None
+        return sum(c or 0 for c in counts)
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "scheduled": self.scheduled}
+        return {**asdict(self), "scheduled": self.scheduled, "past_due": self.past_due}
 
 
 def build_status(
@@ -128,7 +161,14 @@ def build_status(
     tiers = []
     for tier in layout.tiers:
         c = get(tier.queue)
-        tiers.append(TierStatus(tier.queue, tier.ttl_ms, c.messages if c else None))
+        tiers.append(
+            TierStatus(
+                tier.queue,
+                tier.ttl_ms,
+                c.messages if c else None,
+                c.past_due if c else None,
+            )
+        )
     rows = []
     for destination in destinations:
         queue = layout.work_queue(destination)
@@ -159,6 +199,81 @@ def build_status(
     )
 
 
+class PastDueWatch:
+    """Since when each tier has held past-time messages, from snapshots taken over time.
+
+    A tier's clock starts at the first snapshot that finds past-time messages in it and
+    runs while every later one finds some; a snapshot that finds none, or cannot tell,
+    stops it. So ``past_due_for_s`` is a lower bound on how long the tier has been
+    stuck, as fine as the snapshots (and the management API's statistics, refreshed
+    every 5 s by default) are frequent: a tier that drained and filled again between two
+    snapshots looks stuck throughout. Not thread-safe: one watcher per loop.
+    """
+
+    def __init__(self) -> None:
+        self._since: dict[str, float] = {}
+
+    def observe(self, status: Status, now: float) -> Status:
+        """``status`` with each tier's ``past_due_for_s`` as of ``now`` (monotonic s)."""
+        tiers = []
+        for tier in status.tiers:
+            if not tier.past_due:
+                self._since.pop(tier.queue, None)
+                held = None if tier.past_due is None else 0.0
+            else:
+                held = max(0.0, now - self._since.setdefault(tier.queue, now))
+            tiers.append(replace(tier, past_due_for_s=held))
+        return replace(status, tiers=tiers)
+
+
+@dataclass(frozen=True)
+class StuckTier:
+    """A tier that has held past-time messages for at least ``for_s`` seconds."""
+
+    queue: str
+    ttl_ms: int
+    past_due: int
+    for_s: float
+
+    def describe(self) -> str:
+        return (
+            f"tier {self.queue} holds {self.past_due:,} message(s) past their time, "
+            f"for at least {self.for_s:.0f} s"
+        )
+
+
+def stuck_tiers(status: Status, after_s: float) -> list[StuckTier]:
+    """The tiers of a watched snapshot that have held past-time messages ``after_s`` or more."""
+    return [
+        StuckTier(t.queue, t.ttl_ms, t.past_due, t.past_due_for_s)
+        for t in status.tiers
+        if t.past_due and t.past_due_for_s is not None and t.past_due_for_s >= after_s
+    ]
+
+
+def watch_past_due(
+    snapshot: Callable[[], Status],
+    stuck_after_s: float,
+    *,
+    interval_s: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], object],
+) -> tuple[Status, list[StuckTier]]:
+    """Take snapshots until no tier holds past-time messages, or some tier has held them
+    in every snapshot for ``stuck_after_s``: the last snapshot, and the stuck tiers.
+
+    One snapshot when nothing is past its time; at most about ``stuck_after_s`` plus one
+    snapshot otherwise. A tier that cannot tell (``past_due`` None) counts as holding none.
+    """
+    watch = PastDueWatch()
+    while True:
+        status = watch.observe(snapshot(), clock())
+        stuck = stuck_tiers(status, stuck_after_s)
+        if stuck or not any(t.past_due for t in status.tiers):
+            return status, stuck
+        sleep(interval_s)
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -174,6 +289,25 @@ def prometheus_text(status: Status) -> str:
         if tier.messages is not None:
             labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
             lines.append(f"rmqdelay_scheduled_messages{{{labels}}} {tier.messages}")
+    lines += [
+        "# HELP rmqdelay_past_due_messages Expired messages a delay tier holds until the next "
+        "queue takes them (absent: unknown without the management API).",
+        "# TYPE rmqdelay_past_due_messages gauge",
+    ]
+    for tier in status.tiers:
+        if tier.past_due is not None:
+            labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
+            lines.append(f"rmqdelay_past_due_messages{{{labels}}} {tier.past_due}")
+    watched = [t for t in status.tiers if t.past_due_for_s is not None]
+    if watched:
+        lines += [
+            "# HELP rmqdelay_past_due_seconds How long, at least, a delay tier has held "
+            "past-time messages in every snapshot watched (0: none).",
+            "# TYPE rmqdelay_past_due_seconds gauge",
+        ]
+        for tier in watched:
+            labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
+            lines.append(f"rmqdelay_past_due_seconds{{{labels}}} {tier.past_due_for_s:.3f}")
     lines += [
         "# HELP rmqdelay_parked_messages Messages in the parking queue.",
         "# TYPE rmqdelay_parked_messages gauge",
