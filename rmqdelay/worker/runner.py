@@ -14,7 +14,7 @@ import logging
 import random
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +41,9 @@ log = logging.getLogger("rmqdelay.worker")
 _RECONNECT_MAX_S = 15.0
 PROBE_IDLE_S = 3.0
 """A session that has had no delivery for this long writes a probe (see ``_watch_node``)."""
-PROBE_TIMEOUT_S = 7.0
+PROBE_TIMEOUT_S = 5.0
 """How long a probe may wait for its confirm before the worker leaves that node."""
+_CLOSE_S = 5.0
 
 
 @dataclass
@@ -241,13 +242,11 @@ class RunningWorker:
         if not self.layout.journal:
             return
         while not session.lost.is_set():
-            await asyncio.sleep(PROBE_IDLE_S)
+            await asyncio.sleep(1.0)
             if time.monotonic() - session.active_at < PROBE_IDLE_S:
                 continue
             try:
-                await asyncio.wait_for(
-                    write_probe(session.connection, self.layout), PROBE_TIMEOUT_S
-                )
+                await _bounded(write_probe(session.connection, self.layout), PROBE_TIMEOUT_S)
             except Exception as exc:  # no confirm, a nack, a closed channel: move
                 if session.lost.is_set():
                     return
@@ -373,13 +372,14 @@ class RunningWorker:
         log.info("stopped")
 
     async def _close(self, session: _Session) -> None:
-        with contextlib.suppress(Exception):
-            await session.publisher.close()
+        """Each step bounded: a node cut off from the majority may never answer a close."""
+        closing = [session.publisher.close()]
         if session.tail is not None:
+            closing.append(session.tail.close())
+        closing.append(session.connection.close())
+        for step in closing:
             with contextlib.suppress(Exception):
-                await session.tail.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(session.connection.close(), 5)
+                await _bounded(step, _CLOSE_S)
 
     # ------------------------------------------------------------------ messages
 
@@ -544,6 +544,25 @@ def _call_sync(func: Callable[..., Any], args: tuple[Any, ...]) -> Failure | Non
     except BaseException as exc:  # every handler error has an outcome
         return Failure.of(exc)
     return None
+
+
+async def _bounded(step: Awaitable[Any], seconds: float) -> Any:
+    """``step``'s value, or TimeoutError after ``seconds``. Unlike ``asyncio.wait_for``,
+    never waits for the cancelled step to unwind: a channel close that a cut-off node
+    never answers would hold that up until the partition ends."""
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    if not done:
+        task.cancel()
+        task.add_done_callback(_retrieve)
+        raise asyncio.TimeoutError(f"no answer within {seconds:g}s")
+    return task.result()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Read a given-up step's outcome, so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _first(*awaitables: Any) -> None:
