@@ -88,6 +88,14 @@ class Cluster:
         """Start node *index* again; returns once the cluster has every node running."""
         local_nodes.restart(self._local(index))
 
+    def partition(self, index: int) -> None:
+        """Cut node *index* off from the others (nftables); clients still reach it."""
+        local_nodes.partition(self._local(index))
+
+    def heal(self, index: int) -> None:
+        """Undo :meth:`partition`; returns once the cluster is whole again."""
+        local_nodes.heal(self._local(index))
+
     def stop_one(self, index: int) -> None:
         """rabbitmqctl stop node *index* (a clean shutdown)."""
         local_nodes.stop_one(self._local(index))

