@@ -302,3 +302,48 @@ async def test_async_reconnecting_gives_up_after_three_attempts(
     await asyncio.sleep(0.2)  # the loop reads the end of the stream
     with pytest.raises(PublisherClosedError, match="3 attempts to reconnect failed"):
         await asyncio.wait_for(publisher.publish(DEST, b"y", delay=0), BOUND)
+
+
+# ---------------------------------------------------------------- a node that stops confirming
+
+
+def _frozen_first(settings: Settings, proxy: SilentProxy) -> Settings:
+    """Two addresses of the one broker: through the proxy first (it will stop answering,
+    as a node cut off from its cluster's majority does), then direct."""
+    proxied = through(settings, proxy).url.get_secret_value()
+    both = SecretUrl(f"{proxied},{settings.url.get_secret_value()}")
+    return settings.model_copy(update={"url": both, "confirm_timeout": 1.0})
+
+
+def test_sync_publisher_sends_again_on_another_node_what_got_no_confirm(
+    settings: Settings, proxy: SilentProxy
+) -> None:
+    failing = _frozen_first(settings, proxy)
+    with Publisher(failing) as publisher:
+        publisher.publish(DEST, b"warm", delay=0)
+        proxy.freeze()
+        started = time.monotonic()
+        results = within(
+            BOUND,
+            lambda: publisher.publish_many(
+                [{"destination": DEST, "body": f"m{i}".encode(), "delay": 0} for i in range(5)]
+            ),
+        )
+        took = time.monotonic() - started
+        assert len(results) == 5  # confirmed by the second address
+        again = within(BOUND, lambda: publisher.publish(DEST, b"after", delay=0))
+    assert took < 2 * failing.confirm_timeout + 2  # one confirm timeout, then the move
+    assert again.message_id
+    assert ready(settings, work_queue(settings, DEST)) >= 7
+
+
+async def test_async_publisher_sends_again_on_another_node_what_got_no_confirm(
+    settings: Settings, proxy: SilentProxy
+) -> None:
+    failing = _frozen_first(settings, proxy)
+    async with AsyncPublisher(failing) as publisher:
+        await publisher.publish(DEST, b"warm", delay=0)
+        proxy.freeze()
+        result = await asyncio.wait_for(publisher.publish(DEST, b"moved", delay=0), BOUND)
+        assert result.message_id
+    assert ready(settings, work_queue(settings, DEST)) >= 2
