@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import datetime, timezone
@@ -9,15 +10,30 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from click.exceptions import Exit
 
-from .options import Command, broker_options, epilog, friendly_errors, out, settings_from
+from .options import (
+    Command,
+    broker_options,
+    epilog,
+    err,
+    friendly_errors,
+    out,
+    settings_from,
+    usage_error,
+)
 
 if TYPE_CHECKING:
     from rich.console import Group
 
-    from ..core.status import Status
+    from ..core.status import Status, StuckTier
 
-__all__ = ["status"]
+__all__ = ["STUCK_EXIT_CODE", "status"]
+
+STUCK_EXIT_CODE = 3
+"""``status --check``: a tier has held messages past their time for --stuck-after."""
+CHECK_INTERVAL_S = 1.0
+"""How often ``--check`` takes a snapshot while some tier holds past-time messages."""
 
 # rmqdelay.amqp.status.MAX_PARKED_PEEK, for the option's range (a unit test keeps them
 # equal): the broker client and rich are imported when the command runs, see options.
@@ -28,16 +44,32 @@ def _n(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
 
 
+def _held(seconds: float | None) -> str:
+    """How long a tier has held past-time messages, as the table shows it."""
+    if seconds is None:
+        return "?"  # one snapshot: no age
+    return f">= {int(seconds)} s"
+
+
 def _render(status: Status) -> Group:
     from rich.console import Group
     from rich.table import Table
 
     from ..core.durations import format_ms
 
-    tiers = Table("tier", "TTL", "messages", title=f"scheduled: {status.scheduled:,}")
+    past = status.past_due
+    title = f"scheduled: {status.scheduled:,}, past their time: "
+    title += "unknown (needs the management API)" if past is None else f"{past:,}"
+    tiers = Table("tier", "TTL", "messages", "past time", "held", title=title)
     for tier in status.tiers:
-        if tier.messages:
-            tiers.add_row(tier.queue, format_ms(tier.ttl_ms), _n(tier.messages))
+        if tier.messages or tier.past_due:
+            past_due = "unknown" if tier.past_due is None else f"{tier.past_due:,}"
+            if tier.past_due:
+                past_due = f"[bold red]{past_due}[/]"
+            held = _held(tier.past_due_for_s) if tier.past_due else ""
+            tiers.add_row(
+                tier.queue, format_ms(tier.ttl_ms), _n(tier.messages), past_due, held
+            )
     work = Table("destination", "ready", "unacked", "consumers", title="work queues")
     for row in status.destinations:
         work.add_row(row.destination, _n(row.ready), _n(row.unacked), _n(row.consumers))
@@ -58,6 +90,11 @@ def _render(status: Status) -> Group:
         lines.append(
             f"journal {status.journal.stream}: {_n(status.journal.records)} writes, "
             f"oldest record {since}"
+        )
+    if any(t.past_due and t.past_due_for_s is None for t in status.tiers):
+        lines.append(
+            "past time: expired, held until the next queue takes them; how long cannot be "
+            "told from one snapshot: `status --watch` or `--check` watch them"
         )
     lines.append(f"source: {status.source}")
     if status.missing:
@@ -80,6 +117,7 @@ def _render(status: Status) -> Group:
         "rmqdelay status --watch",
         "rmqdelay status --prometheus",
         "rmqdelay status --parked-by-destination",
+        "rmqdelay status --check --stuck-after 2m",
     ),
 )
 @click.option(
@@ -108,6 +146,21 @@ def _render(status: Status) -> Group:
     metavar="N",
     help="Read at most this many parked messages for --parked-by-destination.",
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Exit 3 when a tier has held messages past their time (expired, waiting for "
+    "the next queue to take them) for --stuck-after: it watches such tiers, a snapshot "
+    "a second, until they drain or that time has passed; 0 otherwise. Needs the "
+    "management API (AMQP cannot count them): exits 1 without it.",
+)
+@click.option(
+    "--stuck-after",
+    default="60s",
+    show_default=True,
+    metavar="DURATION",
+    help="How long --check lets a tier hold past-time messages, e.g. 30s, 5m.",
+)
 @broker_options
 @friendly_errors
 def status(
@@ -118,14 +171,22 @@ def status(
     amqp_only: bool,
     parked_by_destination: bool,
     parked_limit: int,
+    check: bool,
+    stuck_after: str,
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
 ) -> None:
-    """Show scheduled messages per tier, work queues, parking and the schedule journal."""
+    """Show scheduled and past-time messages per tier, work queues, parking and the
+    schedule journal."""
+    if check and watch:
+        raise usage_error("--check and --watch exclude each other: --check exits when done")
+    if check and amqp_only:
+        raise usage_error("--check needs the management API: AMQP cannot count past-time messages")
+    stuck_after_s = _stuck_after(stuck_after)
     settings = settings_from(url, prefix, config)
     from ..amqp.status import gather_status
-    from ..core.status import prometheus_text
+    from ..core.status import PastDueWatch, prometheus_text
 
     def snapshot() -> Status:
         return gather_status(
@@ -135,19 +196,79 @@ def status(
             parked_peek=parked_limit if parked_by_destination else None,
         )
 
+    stuck: list[StuckTier] = []
+    if check:
+        from ..core.status import watch_past_due
+
+        current, stuck = watch_past_due(
+            snapshot,
+            stuck_after_s,
+            interval_s=CHECK_INTERVAL_S,
+            clock=time.monotonic,
+            sleep=time.sleep,
+        )
+        if all(t.past_due is None for t in current.tiers):
+            from ..amqp.management import MANAGEMENT_URL_HINT
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"--check cannot tell: the status came from {current.source}, which counts "
+                "no past-time messages; it needs the management API "
+                f"({MANAGEMENT_URL_HINT})"
+            )
+    else:
+        current = snapshot()
     if as_json:
-        print(json.dumps(snapshot().to_json()))
+        data = current.to_json()
+        if check:
+            data["stuck_after_s"] = stuck_after_s
+            data["stuck"] = [dataclasses.asdict(s) for s in stuck]
+        print(json.dumps(data))
     elif prometheus:
-        print(prometheus_text(snapshot()), end="")
+        print(prometheus_text(current), end="")
     elif watch:
         from rich.live import Live
 
-        with Live(_render(snapshot()), console=out(), refresh_per_second=4) as live:
+        past_due = PastDueWatch()
+        first = past_due.observe(current, time.monotonic())
+        with Live(_render(first), console=out(), refresh_per_second=4) as live:
             try:
                 while True:
                     time.sleep(1)
-                    live.update(_render(snapshot()))
+                    live.update(_render(past_due.observe(snapshot(), time.monotonic())))
             except KeyboardInterrupt:
                 pass
     else:
-        out().print(_render(snapshot()))
+        out().print(_render(current))
+    if check:
+        _verdict(current, stuck, stuck_after_s)
+
+
+def _stuck_after(text: str) -> float:
+    from ..core.durations import parse_duration_us
+    from ..errors import DelayError
+
+    try:
+        micros = parse_duration_us(text, what="--stuck-after")
+    except DelayError as exc:
+        raise usage_error(str(exc)) from None
+    if micros < 0:
+        raise usage_error(f"--stuck-after must not be negative, got {text!r}")
+    return micros / 1e6
+
+
+def _verdict(status: Status, stuck: list[StuckTier], after_s: float) -> None:
+    """One line per stuck tier on stderr and exit 3; else a line saying all is well."""
+    from rich.markup import escape
+
+    unknown = sum(1 for t in status.tiers if t.past_due is None)
+    note = f" ({unknown} tier(s) not counted: no statistics yet)" if unknown else ""
+    if not stuck:
+        err().print(
+            f"ok: no tier has held messages past their time for {after_s:g} s{note}",
+            highlight=False,
+        )
+        return
+    for tier in stuck:
+        err().print(f"[bold red]stuck:[/] {escape(tier.describe())}", highlight=False)
+    raise Exit(STUCK_EXIT_CODE)

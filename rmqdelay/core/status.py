@@ -238,7 +238,7 @@ class StuckTier:
     def describe(self) -> str:
         return (
             f"tier {self.queue} holds {self.past_due:,} message(s) past their time, "
-            f"for at least {self.for_s:.0f} s"
+            f"for at least {int(self.for_s)} s"
         )
 
 

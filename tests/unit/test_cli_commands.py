@@ -73,6 +73,8 @@ COMMAND_LINE: dict[str, list[str]] = {
         "--amqp-only",
         "--parked-by-destination",
         "--parked-limit",
+        "--check",
+        "--stuck-after",
         *SHARED,
     ],
 }
