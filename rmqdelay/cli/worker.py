@@ -227,9 +227,10 @@ def _run_worker(
 
         serve_metrics(metrics_port)
         log.info("serving Prometheus metrics on port %d", metrics_port)
-        # scheduled per tier and parked, by passive declares: no management API needed
+        # scheduled and past-time per tier, and parked: the management API when it
+        # answers (only it counts past-time messages), else passive declares
         refresh_queue_gauges(
-            lambda: gather_status(settings, use_management=False, journal_oldest=False),
+            lambda: gather_status(settings, journal_oldest=False),
             15.0,
             threading.Event(),
         )

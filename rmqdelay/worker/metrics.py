@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from ..core.status import Status
+from ..core.status import PastDueWatch, Status
 
 __all__ = [
     "HANDLED",
     "HANDLER_SECONDS",
     "LATENESS",
     "PARKED",
+    "PAST_DUE",
+    "PAST_DUE_SECONDS",
     "SCHEDULED",
     "refresh_queue_gauges",
     "serve_metrics",
@@ -51,12 +54,35 @@ SCHEDULED = Gauge(
     ["prefix", "tier", "ttl_ms"],
 )
 PARKED = Gauge("rmqdelay_parked_messages", "Messages in the parking queue.", ["prefix"])
+PAST_DUE = Gauge(
+    "rmqdelay_past_due_messages",
+    "Expired messages a delay tier holds until the next queue takes them (the management "
+    "API's messages_dlx; absent while it cannot be read).",
+    ["prefix", "tier", "ttl_ms"],
+)
+PAST_DUE_SECONDS = Gauge(
+    "rmqdelay_past_due_seconds",
+    "How long, at least, a delay tier has held past-time messages in every refresh of "
+    "these gauges (0: none; absent while unknown).",
+    ["prefix", "tier", "ttl_ms"],
+)
 
 
 def set_queue_gauges(status: Status) -> None:
+    """Set the gauges from a snapshot; a count it cannot tell removes its gauge (no
+    stale value, no false 0: an alert on ``absent()`` sees it)."""
     for tier in status.tiers:
+        labels = (status.prefix, tier.queue, str(tier.ttl_ms))
         if tier.messages is not None:
-            SCHEDULED.labels(status.prefix, tier.queue, str(tier.ttl_ms)).set(tier.messages)
+            SCHEDULED.labels(*labels).set(tier.messages)
+        if tier.past_due is None:
+            PAST_DUE.remove(*labels)
+        else:
+            PAST_DUE.labels(*labels).set(tier.past_due)
+        if tier.past_due_for_s is None:
+            PAST_DUE_SECONDS.remove(*labels)
+        else:
+            PAST_DUE_SECONDS.labels(*labels).set(tier.past_due_for_s)
     if status.parked is not None:
         PARKED.labels(status.prefix).set(status.parked)
 
@@ -66,13 +92,18 @@ def refresh_queue_gauges(
 ) -> threading.Thread:
     """Keep the tier and parking gauges fresh from a daemon thread, every ``every`` s.
 
-    A failed snapshot is logged and tried again next time: metrics never stop a worker.
+    ``rmqdelay_past_due_seconds`` comes from watching the snapshots (see
+    :class:`~rmqdelay.core.status.PastDueWatch`): it counts from the first refresh that
+    found past-time messages in a tier, so it is as fine as ``every``. Past-time counts
+    need the management API; a snapshot over AMQP leaves those gauges absent. A failed
+    snapshot is logged and tried again next time: metrics never stop a worker.
     """
+    watch = PastDueWatch()
 
     def loop() -> None:
         while True:
             try:
-                set_queue_gauges(snapshot())
+                set_queue_gauges(watch.observe(snapshot(), time.monotonic()))
             except Exception as exc:  # the broker may be away; the worker copes with that
                 log.warning("could not refresh the queue gauges: %s", exc)
             if stop.wait(every):
