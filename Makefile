@@ -10,7 +10,7 @@
 #   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
 #   make cluster  a local 3-node RabbitMQ 4.0 cluster on :5711-5713, URLs printed masked
 #                 (cluster-stop; CLUSTER_RABBITMQ=3: the host's 3.10 on :5701-5703)
-#   make cluster-test  kill -9 and rolling-restart tests on a local 3-node cluster
+#   make cluster-test  kill -9, rolling-restart and partition tests on a local 3-node cluster
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make clean    caches and build output (distclean also removes .venv)
@@ -100,7 +100,8 @@ rmq4-stop:
 # A local 3-node cluster of RabbitMQ 4.0 from the trixie chroot of `make test-rmq4` (built
 # once): nodes rmqd-c4-1..3 on 127.0.0.1:5711-5713 (management 15711-15713), data inside
 # the chroot; cluster-test starts it, runs the failover tests (kill -9 of a node, a
-# rolling restart; about 3 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
+# rolling restart, a 30 s partition of the clients' node and of another, made with
+# nftables: scripts/brokers/partition.py; about 10 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
 # rabbitmq-server 3.10 on 5701-5703 (data under /var/tmp/rmqdelay-cluster), whose
 # dead-letter worker can strand messages in the rolling restart (fixed in 3.10.20).
 CLUSTER_RABBITMQ ?= 4
@@ -113,7 +114,9 @@ cluster-stop:
 	$(CLUSTER) stop
 
 cluster-test: venv
-	@$(CLUSTER) start || { $(CLUSTER) stop; exit 1; }; \
+	@command -v nft >/dev/null 2>&1 || { echo "cluster-test: installing nftables (the partition tests)"; \
+		apt-get install -y -qq nftables >/dev/null || { apt-get update -qq && apt-get install -y -qq nftables >/dev/null; }; }; \
+	$(CLUSTER) start || { $(CLUSTER) stop; exit 1; }; \
 	export RMQDELAY_CLUSTER_RABBITMQ=$(CLUSTER_RABBITMQ); \
 	export RMQDELAY_CLUSTER_URLS="$$($(CLUSTER) urls)"; \
 	export RMQDELAY_CLUSTER_MANAGEMENT_URLS="$$($(CLUSTER) management-urls)"; \
