@@ -5,7 +5,7 @@ A policy ``max-length: 0`` on the destination's work queue (declared with ``x-ov
 reject-publish``) makes it refuse publishes once it is over that limit; the tier's
 at-least-once dead-letter worker then holds the expired messages (``messages_dlx``).
 On RabbitMQ 3.10.8 they stay held after the policy is gone and the work queue accepts
-again (measured: none had moved 16 minutes later; its dead-letter worker ignores a
+again (measured: none had moved 20 minutes later; its dead-letter worker ignores a
 refusal and has no reason to send again), so a test reads them and leaves them for the
 ``prefix`` cleanup to delete.
 """
