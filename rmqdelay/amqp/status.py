@@ -61,6 +61,8 @@ def _queue_counts(q: dict[str, Any]) -> QueueCounts:
     past their time, so ``messages`` here is ready + unacked, which excludes them on every
     version. ``messages_dlx`` is absent for other queue types, and for any queue the API
     has no statistics for yet (the first seconds after it is declared): unknown, not 0.
+    Nothing here tells a message's age: neither 3.10.8 nor 4.0.5 reports
+    ``head_message_timestamp`` for a quorum queue (see ``PastDueWatch``).
     """
     ready = int(q.get("messages_ready") or 0)
     unacked = int(q.get("messages_unacknowledged") or 0)
