@@ -17,7 +17,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
 from cluster_support import Cluster
 
 from rmqdelay import (
@@ -292,7 +291,8 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     """Steady traffic (50 messages due in 0.5-5 s every 0.2 s) from a publisher and a
     worker that both connect to node *first* first; node *cut* is cut off from the other
     two for PARTITION_S, then healed. Every message confirmed must be handled, none early,
-    none later than the partition plus 15 s."""
+    none later than the partition plus 15 s; a worker on the cut node must leave it within
+    15 s."""
     prefix = f"t-partition-{uuid.uuid4().hex[:6]}"
     urls = [cluster.urls[first]] + [u for i, u in enumerate(cluster.urls) if i != first]
     # confirm_timeout bounds how long a publisher stays on a node that gives no confirms
@@ -369,15 +369,9 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     assert seen.early == 0
     if cut == first:  # the worker left the cut-off node well before the partition ended
         assert reconnected_at and reconnected_at[0] - cut_at <= 15
-    if max(lateness) > PARTITION_S + 15:
-        # The target of issue 17, not met on RabbitMQ 4.0.5: the same lateness comes with
-        # no client on the cut node, from expired messages held in the tiers' at-least-once
-        # dead-lettering (messages_dlx) until about 40 s after the heal (README, Clusters).
-        pytest.xfail(
-            f"lateness max {max(lateness):.0f}s over the partition plus 15 s: the broker's "
-            "dead-letter hops stall past the heal"
-        )
-
+    # on the cluster of `make cluster` (net_ticktime = 15); with RabbitMQ's default of 60 s
+    # the hops stalled up to 76 s (README, Running on a cluster)
+    assert max(lateness) <= PARTITION_S + 15
 
 def test_a_partition_of_the_clients_node_loses_nothing(local_cluster: Cluster) -> None:
     _partition_run(local_cluster, cut=2, first=2)
