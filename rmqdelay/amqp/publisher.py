@@ -112,9 +112,11 @@ class Publisher(
 
     def cancel(self, *message_ids: str) -> list[CancelResult]:
         """Cancel scheduled messages: a confirmed tombstone in the schedule journal for
-        each id still ahead. Each result says ``cancelled`` (with the due time),
-        ``unknown`` (no record) or ``too late`` (due already: it may have been delivered).
-        A :class:`~rmqdelay.Worker` acks a cancelled message without calling its handler.
+        each id with a copy still ahead, naming every copy (an id sent again after a
+        failed confirm has one per due time). Each result says ``cancelled`` (with the
+        due time and ``copies``), ``unknown`` (no record) or ``too late`` (every copy due
+        already: it may have been delivered). A :class:`~rmqdelay.Worker` acks a
+        cancelled copy without calling its handler.
         """
         return journal.cancel(
             self._live_connection(),
@@ -131,7 +133,8 @@ class Publisher(
         limit: int | None = None,
     ) -> list[JournalRecord]:
         """What the journal says is still ahead and not cancelled, soonest first (what was
-        published while the journal was on)."""
+        published while the journal was on): a record per copy, so an id sent again with
+        another due time shows once for each."""
         return journal.list_scheduled(
             self._live_connection(),
             self.core.layout,
