@@ -278,36 +278,43 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _tier_gauge(
+    name: str, help_text: str, prefix: str, values: list[tuple[TierStatus, str]]
+) -> list[str]:
+    """One gauge's lines with a sample per tier, labelled alike for every tier gauge."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+    for tier, value in values:
+        labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
+        lines.append(f"{name}{{{labels}}} {value}")
+    return lines
+
+
 def prometheus_text(status: Status) -> str:
     """The snapshot in Prometheus' text exposition format (version 0.0.4)."""
     prefix = _escape(status.prefix)
-    lines = [
-        "# HELP rmqdelay_scheduled_messages Messages waiting in a delay tier.",
-        "# TYPE rmqdelay_scheduled_messages gauge",
-    ]
-    for tier in status.tiers:
-        if tier.messages is not None:
-            labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
-            lines.append(f"rmqdelay_scheduled_messages{{{labels}}} {tier.messages}")
-    lines += [
-        "# HELP rmqdelay_past_due_messages Expired messages a delay tier holds until the next "
-        "queue takes them (absent: unknown without the management API).",
-        "# TYPE rmqdelay_past_due_messages gauge",
-    ]
-    for tier in status.tiers:
-        if tier.past_due is not None:
-            labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
-            lines.append(f"rmqdelay_past_due_messages{{{labels}}} {tier.past_due}")
-    watched = [t for t in status.tiers if t.past_due_for_s is not None]
+    tiers = status.tiers
+    lines = _tier_gauge(
+        "rmqdelay_scheduled_messages",
+        "Messages waiting in a delay tier.",
+        prefix,
+        [(t, str(t.messages)) for t in tiers if t.messages is not None],
+    )
+    lines += _tier_gauge(
+        "rmqdelay_past_due_messages",
+        "Expired messages a delay tier holds until the next queue takes them (absent: "
+        "unknown without the management API).",
+        prefix,
+        [(t, str(t.past_due)) for t in tiers if t.past_due is not None],
+    )
+    watched = [(t, f"{t.past_due_for_s:.3f}") for t in tiers if t.past_due_for_s is not None]
     if watched:
-        lines += [
-            "# HELP rmqdelay_past_due_seconds How long, at least, a delay tier has held "
-            "past-time messages in every snapshot watched (0: none).",
-            "# TYPE rmqdelay_past_due_seconds gauge",
-        ]
-        for tier in watched:
-            labels = f'prefix="{prefix}",tier="{_escape(tier.queue)}",ttl_ms="{tier.ttl_ms}"'
-            lines.append(f"rmqdelay_past_due_seconds{{{labels}}} {tier.past_due_for_s:.3f}")
+        lines += _tier_gauge(
+            "rmqdelay_past_due_seconds",
+            "How long, at least, a delay tier has held past-time messages in every "
+            "snapshot watched (0: none).",
+            prefix,
+            watched,
+        )
     lines += [
         "# HELP rmqdelay_parked_messages Messages in the parking queue.",
         "# TYPE rmqdelay_parked_messages gauge",
