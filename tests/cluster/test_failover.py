@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
 import threading
 import time
@@ -287,6 +288,17 @@ def test_a_rolling_restart_loses_nothing(local_cluster: Cluster) -> None:
 PARTITION_S = 30.0
 
 
+class _WarnedAt(logging.Handler):
+    """The monotonic time of each warning a logger gives (the publisher's: it moves)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.at: list[float] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.at.append(time.monotonic())
+
+
 def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     """Steady traffic (50 messages due in 0.5-5 s every 0.2 s) from a publisher and a
     worker that both connect to node *first* first; node *cut* is cut off from the other
@@ -316,6 +328,9 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
                 calls.append(time.monotonic() - started)
                 time.sleep(0.2)
 
+    watcher = _WarnedAt()  # when the publisher left a node for another
+    publisher_log = logging.getLogger("rmqdelay.publisher")
+    publisher_log.addHandler(watcher)
     threads = [threading.Thread(target=worker), threading.Thread(target=traffic)]
     for t in threads:
         t.start()
@@ -344,10 +359,12 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
         done.set()
         for t in threads:
             t.join(60)
+        publisher_log.removeHandler(watcher)
         with TopologyManager(_settings(cluster.urls, prefix)) as manager:
             manager.destroy([DEST], force=True)
     lost = confirmed.keys() - seen.at_ms.keys()
     duplicates = sum(len(v) - 1 for v in seen.at_ms.values())
+    left_after = next((f"{at - cut_at:.1f}s" for at in watcher.at if at >= cut_at), "never")
     lateness = sorted(
         (min(seen.at_ms[m]) - due) / 1000 for m, due in confirmed.items() if m in seen.at_ms
     )
@@ -360,7 +377,8 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
         f"\npartition of {which} ({cluster.urls[cut].split('@')[1]}) for {PARTITION_S:.0f}s "
         f"(healed {healed_after:.0f}s after the cut): {len(confirmed)} confirmed, {len(lost)} "
         f"lost, {seen.early} early, {duplicates} duplicates; lateness max "
-        f"{max(lateness, default=0):.1f}s, p99 {p99:.1f}s; longest publish call "
+        f"{max(lateness, default=0):.1f}s, p99 {p99:.1f}s; publisher first moved "
+        f"{left_after} after the cut, longest publish call "
         f"{max(calls, default=0):.1f}s; longest worker gap {gap:.1f}s; worker connected "
         f"{connects.get('worker')} times (again {', '.join(moved) or 'never'} after the cut)"
     )
