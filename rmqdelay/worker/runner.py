@@ -38,12 +38,29 @@ from .settle import SETTLE_ERRORS, Failure, Received, Settler, read_delivery
 __all__ = ["RunningWorker"]
 
 log = logging.getLogger("rmqdelay.worker")
-_RECONNECT_MAX_S = 15.0
+RECONNECT_FIRST_S = 0.5
+"""The pause before the first reconnect, before jitter; it doubles with each failure."""
+RECONNECT_MAX_S = 15.0
+"""No reconnect pause is longer, jitter included (the README promises it)."""
+_RECONNECT_DOUBLINGS = 16
+"""Doublings past which the cap always wins: keeps ``2**failures`` a small float."""
 PROBE_IDLE_S = 3.0
 """A session that has had no delivery for this long writes a probe (see ``_watch_node``)."""
 PROBE_TIMEOUT_S = 5.0
 """How long a probe may wait for its confirm before the worker leaves that node."""
 _CLOSE_S = 5.0
+
+
+def reconnect_delay(failures: int, jitter: float) -> float:
+    """The pause, in seconds, before the next connect; *failures* counts the failed
+    connects in a row before the one that just failed (0 after the first).
+
+    :data:`RECONNECT_FIRST_S` doubling each time, scaled by ``0.5 + jitter`` (*jitter*
+    in [0, 1), so that many workers cut off together do not come back together), then
+    capped: the cap comes after the jitter, so no pause exceeds :data:`RECONNECT_MAX_S`.
+    """
+    base = RECONNECT_FIRST_S * 2.0 ** min(failures, _RECONNECT_DOUBLINGS)
+    return min(RECONNECT_MAX_S, base * (0.5 + jitter))
 
 
 @dataclass
@@ -180,7 +197,7 @@ class RunningWorker:
                 ) as exc:
                     if isinstance(exc, ConnectionFailedError) and not exc.transient:
                         raise WorkerError(str(exc)) from None
-                    delay = min(_RECONNECT_MAX_S, 0.5 * 2**failures) * (0.5 + self._rng.random())
+                    delay = reconnect_delay(failures, self._rng.random())
                     failures += 1
                     why = (
                         str(exc)
