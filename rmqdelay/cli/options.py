@@ -207,8 +207,25 @@ class UsageError(Exception):
 
 def usage_error(message: str) -> UsageError:
     """A command line that cannot run as typed (exit 2): a missing ``--yes``, flags that
-    exclude each other. Values refused after reading them exit 1 instead."""
+    exclude each other, an option's value of the wrong form or range. Values the settings
+    or the broker refuse (a delay over ``max_delay``) exit 1 instead."""
     return UsageError(message)
+
+
+def duration_us(text: str, option: str) -> int:
+    """*option*'s duration (``--delay``) in microseconds, read before anything connects:
+    one that cannot be read, or is negative, is a usage error naming the option (exit 2,
+    like click's own checks of a number's type and range)."""
+    from ..core.durations import parse_duration_us
+    from ..errors import DelayError
+
+    try:
+        micros = parse_duration_us(text, what=option)
+    except DelayError as exc:
+        raise usage_error(str(exc)) from None
+    if micros < 0:
+        raise usage_error(f"{option} must not be negative, got {text!r}")
+    return micros
 
 
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.exceptions import Exit
 
-from ..errors import DelayError
 from .options import (
     Group,
     broker_options,
+    duration_us,
     epilog,
     err,
     friendly_errors,
@@ -131,15 +131,9 @@ def parked_replay(
     from rich.table import Table
 
     from ..amqp.parked_queue import ParkedQueue
-    from ..core.durations import parse_duration_us
 
+    wait = timedelta(microseconds=duration_us(delay, "--delay") if delay is not None else 0)
     settings = settings_from(url, prefix, config)
-    wait = timedelta(0)
-    if delay is not None:
-        micros = parse_duration_us(delay, what="--delay")
-        if micros < 0:
-            raise DelayError(f"--delay must not be negative, got {delay!r}")
-        wait = timedelta(microseconds=micros)
 
     async def replay() -> ReplayReport:
         async with ParkedQueue(settings) as parked:

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.exceptions import Exit
 
-from ..errors import DelayError
 from .options import (
     Command,
     argument,
     broker_options,
+    duration_us,
     epilog,
     err,
     friendly_errors,
@@ -41,7 +41,7 @@ def _parse_headers(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise ValueError(f"--header {pair!r} must look like key=value")
+            raise usage_error(f"--header {pair!r} must look like key=value")
         headers[key] = value
     return headers
 
@@ -50,9 +50,11 @@ def _parse_at(text: str) -> datetime:
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise DelayError(f"--at {text!r} is not ISO 8601, e.g. 2026-11-21T15:00:00+00:00") from None
+        raise usage_error(
+            f"--at {text!r} is not ISO 8601, e.g. 2026-11-21T15:00:00+00:00"
+        ) from None
     if at.tzinfo is None:
-        raise DelayError(f"--at {text!r} has no timezone: add one, e.g. +00:00 or Z")
+        raise usage_error(f"--at {text!r} has no timezone: add one, e.g. +00:00 or Z")
     return at
 
 
@@ -89,6 +91,11 @@ def publish(
     """Publish one delayed message and print its id and due time."""
     if (delay is None) == (at is None):
         raise usage_error("give exactly one of --delay or --at")
+    # the command line is read whole before anything connects: its mistakes exit 2
+    if delay is not None:
+        duration_us(delay, "--delay")
+    due_at = _parse_at(at) if at is not None else None
+    headers = _parse_headers(header)
     text = sys.stdin.read() if body == "-" else body
     payload: Any = text
     if as_json:
@@ -104,8 +111,8 @@ def publish(
             destination,
             payload,
             delay=delay,
-            at=_parse_at(at) if at is not None else None,
-            headers=_parse_headers(header),
+            at=due_at,
+            headers=headers,
             message_id=message_id,
         )
     due = result.due_at.isoformat(timespec="milliseconds")

@@ -21,6 +21,7 @@ from .options import (
     friendly_errors,
     out,
     settings_from,
+    usage_error,
 )
 
 if TYPE_CHECKING:
@@ -55,12 +56,12 @@ def _due_before(text: str | None) -> int | None:
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise DelayError(
+        raise usage_error(
             f"--due-before {text!r} is neither a duration (10m) nor ISO 8601 "
             "(2026-11-21T15:00:00+00:00)"
         ) from None
     if at.tzinfo is None:
-        raise DelayError(f"--due-before {text!r} has no timezone: add one, e.g. +00:00 or Z")
+        raise usage_error(f"--due-before {text!r} has no timezone: add one, e.g. +00:00 or Z")
     return int(at.timestamp() * 1000)
 
 
@@ -107,8 +108,8 @@ def scheduled_list(
     from ..amqp import journal
     from ..amqp.connections import connect_blocking
 
-    settings = settings_from(url, prefix, config)
     before = _due_before(due_before)
+    settings = settings_from(url, prefix, config)
     journal.require_journal(settings.layout, "`scheduled list`")
     connection = connect_blocking(settings, "cli")
     started = time.monotonic()

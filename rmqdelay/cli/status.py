@@ -15,6 +15,7 @@ from click.exceptions import Exit
 from .options import (
     Command,
     broker_options,
+    duration_us,
     epilog,
     err,
     friendly_errors,
@@ -245,16 +246,7 @@ def status(
 
 
 def _stuck_after(text: str) -> float:
-    from ..core.durations import parse_duration_us
-    from ..errors import DelayError
-
-    try:
-        micros = parse_duration_us(text, what="--stuck-after")
-    except DelayError as exc:
-        raise usage_error(str(exc)) from None
-    if micros < 0:
-        raise usage_error(f"--stuck-after must not be negative, got {text!r}")
-    return micros / 1e6
+    return duration_us(text, "--stuck-after") / 1e6
 
 
 def _verdict(status: Status, stuck: list[StuckTier], after_s: float) -> None:

@@ -86,19 +86,21 @@ def test_destroy_refuses_while_tiers_hold_messages(env: dict[str, str]) -> None:
 
 def test_user_errors_are_one_clear_line(env: dict[str, str], tmp_path: Path) -> None:
     assert run(env, "topology", "apply", "-d", "jobs").returncode == 0
-    cases = {
-        ("publish", "jobs", "x", "--delay", "-1s"): "must not be negative",
-        ("publish", "jobs", "x", "--delay", "2h"): "over the maximum of 1h",
-        ("publish", "jobs", "x", "--delay", "soon"): "cannot read delay",
+    usage = {  # an option's value of the wrong form or range: exit 2, as the README says
+        ("publish", "jobs", "x", "--delay", "-1s"): "--delay must not be negative",
+        ("publish", "jobs", "x", "--delay", "soon"): "cannot read --delay",
         ("publish", "jobs", "x", "--at", "2030-01-01T00:00:00"): "no timezone",
+    }
+    cases = {
+        ("publish", "jobs", "x", "--delay", "2h"): "over the maximum of 1h",
         ("publish", "nope", "x", "--delay", "1s"): "topology apply --destination nope",
         ("publish", "bad name", "x", "--delay", "1s"): "must be words",
         ("publish", "jobs", "{", "--json", "--delay", "1s"): "not JSON",
         ("topology", "plan", "--config", str(tmp_path / "none.toml")): "does not exist",
     }
-    for args, expected in cases.items():
+    for args, expected in [*usage.items(), *cases.items()]:
         result = run(env, *args)
-        assert result.returncode == 1, args
+        assert result.returncode == (2 if args in usage else 1), args
         assert expected in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
 

@@ -1,8 +1,9 @@
 """Bad input to the CLI, one case a row: its exit code and the words that name the fix.
 
 Exit 2: the command line cannot run as typed (click's checks, a missing ``--yes``, flags
-that exclude each other). Exit 1: refused after reading it (settings, values, the
-broker). Never a traceback; our own errors are one line.
+that exclude each other, an option's value of the wrong form or range). Exit 1: refused
+after reading it (settings, a delay over ``max_delay``, the broker). Never a traceback;
+our own errors are one line.
 """
 
 from __future__ import annotations
@@ -90,12 +91,14 @@ def one_line(result: subprocess.CompletedProcess[str]) -> None:
         (("topology", "plan", "--url", "http://foo"), 1, ("'http://foo' is not an AMQP URL",)),
         (("topology", "plan", "--prefix", "a.b"), 1, ("prefix 'a.b'", "no dots")),
         (("topology", "plan", "--prefix", "amq"), 1, ("must not start with 'amq.'",)),
-        # values refused after reading them: exit 1
+        # values the settings refuse: exit 1
         (("publish", "jobs", "x", "--delay", "1e400"), 1, ("over the maximum of 1h",)),
         (("publish", "jobs", "x", "--delay", "1e100000000"), 1, ("over the maximum of 1h",)),
-        (("publish", "jobs", "x", "--delay", "1s", "-H", "nokey"), 1, ("key=value",)),
-        (("parked", "replay", "--delay", "soon"), 1, ("cannot read --delay 'soon'",)),
         # the command line itself: exit 2, the same for every command
+        (("publish", "jobs", "x", "--delay", "-5s"), 2, ("--delay must not be negative",)),
+        (("publish", "jobs", "x", "--delay", "500y"), 2, ("cannot read --delay '500y'",)),
+        (("publish", "jobs", "x", "--delay", "1s", "-H", "nokey"), 2, ("key=value",)),
+        (("parked", "replay", "--delay", "soon"), 2, ("cannot read --delay 'soon'",)),
         (("publish", "jobs", "x"), 2, ("exactly one of --delay or --at",)),
         (("publish", "jobs", "x", "--delay", "1s", "--at", "2030-01-01T00:00:00Z"), 2, ()),
         (("parked", "purge"), 2, ("--yes",)),

@@ -192,6 +192,31 @@ def test_a_command_line_that_cannot_run_exits_2(args: list[str]) -> None:
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["publish", "jobs", "x", "--delay", "-5s"], "--delay must not be negative, got '-5s'"),
+        (["publish", "jobs", "x", "--delay", "500y"], "cannot read --delay '500y': use a number"),
+        (["publish", "jobs", "x", "--delay", "nan"], "--delay must be finite, got 'nan'"),
+        (["publish", "jobs", "x", "--at", "soon"], "--at 'soon' is not ISO 8601"),
+        (["publish", "jobs", "x", "--at", "2030-01-01"], "--at '2030-01-01' has no timezone"),
+        (["publish", "jobs", "x", "--delay", "1s", "-H", "nokey"], "--header 'nokey' must look"),
+        (["parked", "replay", "--delay", "soon"], "cannot read --delay 'soon'"),
+        (["parked", "replay", "--delay", "-1s"], "--delay must not be negative, got '-1s'"),
+        (["scheduled", "list", "--due-before", "soon"], "--due-before 'soon' is neither"),
+        (["status", "--check", "--stuck-after", "-1s"], "--stuck-after must not be negative"),
+    ],
+)
+def test_an_option_value_of_the_wrong_form_or_range_exits_2_naming_it(
+    args: list[str], said: str
+) -> None:
+    # refused before anything connects: the URL leads nowhere, and is never tried
+    result = _invoke(*args, env={"RMQDELAY_URL": "amqp://guest:guest@127.0.0.1:1/%2F"})
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {said}"), result.output
+    assert result.output.count("\n") == 1, result.output
+
+
 def test_a_refused_value_exits_1_with_one_line() -> None:
     result = _invoke("publish", "jobs", "not json", "--json", "--delay", "1s")
     assert result.exit_code == 1
