@@ -1,8 +1,10 @@
-"""The README's code blocks, as the README tests read them (no broker needed here).
+"""The README's code blocks and promised figures, as the README tests read them (no
+broker needed here).
 
 ``python`` blocks run as scripts; an ``sh`` block runs when every command in it is
 ``rmqdelay ...`` (not a long-running ``rmqdelay worker``) or an ``export`` of an
-``RMQDELAY_*`` variable.
+``RMQDELAY_*`` variable. The worker's reconnect pauses and the CLI's exit codes are read
+from the prose, so that tests can hold the code to them.
 """
 
 from __future__ import annotations
@@ -32,3 +34,30 @@ def runnable(block: str) -> bool:
 
 
 RUNNABLE_SH: list[str] = [b for b in SH_BLOCKS if runnable(b)]
+
+
+_FLAT = " ".join(_TEXT.split())  # the prose with its line breaks undone
+
+
+def reconnect_pauses() -> tuple[float, float]:
+    """The worker's reconnect pauses as "Running workers" states them: (first, longest)."""
+    found = re.search(r"reconnects with backoff \(([\d.]+) s doubling up to ([\d.]+) s", _FLAT)
+    assert found, "the README no longer says 'reconnects with backoff (X s doubling up to Y s'"
+    return float(found[1]), float(found[2])
+
+
+def exit_codes() -> dict[int, str]:
+    """The CLI reference's exit codes, each with the words that say when it is given."""
+    found = re.search(r"Exit codes are the same for every command: (.*?) Errors are", _FLAT)
+    assert found, "the README no longer has 'Exit codes are the same for every command:'"
+    clauses = re.findall(r"\*\*(\d+)\*\* (.*?)(?=\*\*\d|$)", found[1])
+    return {int(code): words for code, words in clauses}
+
+
+def exit_code_examples() -> list[tuple[int, str]]:
+    """The option values the exit codes give as examples (``--delay 500y``), with their code."""
+    return [
+        (code, example)
+        for code, words in exit_codes().items()
+        for example in re.findall(r"`(--(?:delay|at) [^`]+)`", words)
+    ]

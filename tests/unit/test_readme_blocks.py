@@ -1,8 +1,24 @@
-"""The README tests in tests/broker have blocks to run: the README parses as they expect."""
+"""The README parses as the README tests expect, and its promised figures are the code's."""
 
 from __future__ import annotations
 
-from readme_blocks import PYTHON_BLOCKS, RUNNABLE_SH
+import re
+
+import pytest
+from click.testing import CliRunner
+from readme_blocks import (
+    PYTHON_BLOCKS,
+    README,
+    RUNNABLE_SH,
+    exit_code_examples,
+    exit_codes,
+    reconnect_pauses,
+)
+
+from rmqdelay.cli import app
+from rmqdelay.worker.runner import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
+
+PYPROJECT = README.parent / "pyproject.toml"
 
 
 def test_readme_has_examples() -> None:
@@ -13,3 +29,51 @@ def test_the_quickstart_commands_are_among_the_runnable_blocks() -> None:
     assert any("rmqdelay publish" in b and "rmqdelay consume" in b for b in RUNNABLE_SH), (
         "the quickstart's publish/consume block is no longer picked up by this test"
     )
+
+
+def test_the_reconnect_pauses_are_the_workers() -> None:
+    first, longest = reconnect_pauses()
+    assert (first, longest) == (RECONNECT_FIRST_S, RECONNECT_MAX_S)
+    # "jittered between half and one and a half times that, and never over 15 s"
+    assert "between half and one and a half times that, and never over" in " ".join(
+        README.read_text().split()
+    )
+    assert reconnect_delay(0, 0.0) == first / 2
+    assert reconnect_delay(0, 0.5) == first
+    assert reconnect_delay(1, 0.5) == 2 * first  # doubling
+    pauses = [reconnect_delay(n, j / 100) for n in range(50) for j in range(100)]
+    assert max(pauses) == longest  # reached, never passed
+
+
+def test_the_exit_codes_give_examples_of_each_kind() -> None:
+    assert set(exit_codes()) == {1, 2, 130}
+    examples = exit_code_examples()
+    assert {code for code, _ in examples} == {1, 2}, examples
+
+
+@pytest.mark.parametrize(
+    "example", [example for code, example in exit_code_examples() if code == 2]
+)
+def test_the_exit_2_examples_exit_2_before_connecting(example: str) -> None:
+    # the broker tests run every example as a user does (tests/broker/test_readme_exit_codes.py)
+    result = CliRunner().invoke(
+        app,
+        ["publish", "jobs", "x", *example.split()],
+        env={"RMQDELAY_URL": "amqp://guest:guest@127.0.0.1:1/%2F"},  # never tried
+    )
+    assert result.exit_code == 2, result.output
+    option, value = example.split()
+    assert result.output.startswith("error: "), result.output
+    assert option in result.output and repr(value) in result.output, result.output
+
+
+def test_make_test_says_which_tests_it_runs() -> None:
+    addopts = re.search(r"^addopts = (.*)$", PYPROJECT.read_text(), flags=re.M)
+    assert addopts and "-m 'not cluster'" in addopts[1]  # what the README's wording rests on
+    # each "make test  # ..." line of the README, with the comment lines that continue it
+    said = re.findall(r"^make test +#.*(?:\n +#.*)*", README.read_text(), flags=re.M)
+    assert len(said) >= 2, said
+    for words in said:
+        assert "whole" not in words, words
+        assert "but the cluster ones" in words or "but tests/cluster" in words, words
+        assert "make cluster-test runs those" in words, words
