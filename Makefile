@@ -101,7 +101,7 @@ rmq4-stop:
 # once): nodes rmqd-c4-1..3 on 127.0.0.1:5711-5713 (management 15711-15713), data inside
 # the chroot; cluster-test starts it, runs the failover tests (kill -9 of a node, a
 # rolling restart, a 30 s partition of the clients' node and of another, made with
-# nftables: scripts/brokers/partition.py; about 10 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
+# nftables: scripts/brokers/partition.py; about 5 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
 # rabbitmq-server 3.10 on 5701-5703 (data under /var/tmp/rmqdelay-cluster), whose
 # dead-letter worker can strand messages in the rolling restart (fixed in 3.10.20).
 CLUSTER_RABBITMQ ?= 4
