@@ -46,7 +46,7 @@ def test_the_reconnect_pauses_are_the_workers() -> None:
 
 
 def test_the_exit_codes_give_examples_of_each_kind() -> None:
-    assert set(exit_codes()) == {1, 2, 130}
+    assert set(exit_codes()) >= {1, 2, 130}
     examples = exit_code_examples()
     assert {code for code, _ in examples} == {1, 2}, examples
 
