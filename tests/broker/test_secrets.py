@@ -172,12 +172,22 @@ def test_the_worker_never_logs_the_password(
         assert "error:" in said
         assert_hidden(secret, said)
     # a refused address: it retries, logging each attempt (DEBUG: every library's lines)
-    log = tmp_path / "worker.log"
+    said = _retrying_worker_log(
+        {**env, "RMQDELAY_URL": f"amqp://u:{secret}@127.0.0.1:1/%2F"}, tmp_path, "json"
+    )
+    assert "127.0.0.1:1" in said
+    assert_hidden(secret, said)
+
+
+def _retrying_worker_log(env: dict[str, str], cwd: Path, log_format: str) -> str:
+    """Run ``WORKER_CMD`` at DEBUG until it has logged two reconnect attempts (its URLs
+    refuse), stop it with SIGTERM (it must exit 0), and return what it logged."""
+    log = cwd / "worker.log"
     with log.open("w") as out:
         worker = subprocess.Popen(
-            [*WORKER_CMD, "--log-level", "DEBUG", "--log-format", "json"],
-            env={**env, "RMQDELAY_URL": f"amqp://u:{secret}@127.0.0.1:1/%2F"},
-            cwd=tmp_path,
+            [*WORKER_CMD, "--log-level", "DEBUG", "--log-format", log_format],
+            env=env,
+            cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -190,8 +200,7 @@ def test_the_worker_never_logs_the_password(
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(10) == 0, log.read_text()
-    assert "127.0.0.1:1" in log.read_text()
-    assert_hidden(secret, log.read_text())
+    return log.read_text()
 
 
 # --------------------------------------------------------------------------- several URLs
@@ -248,27 +257,10 @@ def test_several_urls_each_with_its_own_password_never_show(
 
     # the worker, retrying the refused addresses (DEBUG: every library's lines)
     (tmp_path / "secret_app.py").write_text(WORKER_APP)
-    log = tmp_path / "worker.log"
     env["RMQDELAY_URL"] = ",".join(urls[:2])
-    with log.open("w") as out:
-        worker = subprocess.Popen(
-            [*WORKER_CMD, "--log-level", "DEBUG", "--log-format", "text"],
-            env=env,
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while log.read_text().count("retrying in") < 2:
-            assert worker.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(10) == 0, log.read_text()
-    assert "127.0.0.1:1" in log.read_text() and "127.0.0.1:2" in log.read_text()
-    hidden(log.read_text())
+    said = _retrying_worker_log(env, tmp_path, "text")
+    assert "127.0.0.1:1" in said and "127.0.0.1:2" in said
+    hidden(said)
 
 
 def _closed_port() -> int:
