@@ -545,7 +545,7 @@ class PublisherCore:
         outcomes = yield from self._send_once(batch)
         again = [i for i, o in enumerate(outcomes) if isinstance(o, _SEND_AGAIN)]
         if again:
-            reasons = {type(outcomes[i]).__name__ for i in again}
+            reasons = sorted({type(outcomes[i]).__name__ for i in again})
             if (yield Failover(f"{len(again)} of {len(batch)} unconfirmed ({', '.join(reasons)})")):
                 resent = yield from self._send_once([batch[i] for i in again])
                 for i, outcome in zip(again, resent, strict=True):
