@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -68,6 +69,14 @@ PAST_DUE_SECONDS = Gauge(
 )
 
 
+def _forget(gauge: Gauge, labels: tuple[str, ...]) -> None:
+    """Remove a gauge's sample, set or not: prometheus-client 0.20 (the lowest allowed)
+    raises KeyError for a label set it never held (a tier first seen with an unknown
+    count), which would stop every refresh at that tier."""
+    with contextlib.suppress(KeyError):
+        gauge.remove(*labels)
+
+
 def set_queue_gauges(status: Status) -> None:
     """Set the gauges from a snapshot; a count it cannot tell removes its gauge (no
     stale value, no false 0: an alert on ``absent()`` sees it)."""
@@ -76,11 +85,11 @@ def set_queue_gauges(status: Status) -> None:
         if tier.messages is not None:
             SCHEDULED.labels(*labels).set(tier.messages)
         if tier.past_due is None:
-            PAST_DUE.remove(*labels)
+            _forget(PAST_DUE, labels)
         else:
             PAST_DUE.labels(*labels).set(tier.past_due)
         if tier.past_due_for_s is None:
-            PAST_DUE_SECONDS.remove(*labels)
+            _forget(PAST_DUE_SECONDS, labels)
         else:
             PAST_DUE_SECONDS.labels(*labels).set(tier.past_due_for_s)
     if status.parked is not None:
