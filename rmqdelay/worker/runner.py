@@ -119,8 +119,6 @@ class RunningWorker:
         self._expired_at_ms = 0
         self._try_last: list[str] = []
         """The address of a node that stopped confirming: tried after the others."""
-        self.node_moves = 0
-        """How often a probe found the node cut off and the worker moved."""
 
     # ------------------------------------------------------------------ control
 
@@ -269,7 +267,6 @@ class RunningWorker:
                     return
                 address = address_of(session.connection)
                 self._try_last = [address] if address else []
-                self.node_moves += 1
                 log.warning(
                     "the node at %s did not confirm a write within %gs (%s): it may be cut "
                     "off from the cluster's majority; moving to another node",
