@@ -1,0 +1,60 @@
+"""One home for time.
+
+The wire and the journal carry Unix milliseconds (due times, records) and the planner
+works in microseconds; users see aware UTC datetimes and seconds. Every conversion
+between them lives here, so a rounding rule is written once.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+__all__ = [
+    "datetime_of_ms",
+    "iso_of_ms",
+    "ms_of_datetime",
+    "now_ms",
+    "now_us",
+    "seconds_of_ms",
+    "timedelta_of_ms",
+    "us_of_datetime",
+]
+
+
+def now_us() -> int:
+    """Unix time in µs: what the planner starts a delay from."""
+    return time.time_ns() // 1000
+
+
+def now_ms() -> int:
+    """Unix time in ms: the unit of due times and journal records."""
+    return time.time_ns() // 1_000_000
+
+
+def datetime_of_ms(ms: int) -> datetime:
+    """An aware UTC datetime for Unix ``ms``."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+def iso_of_ms(ms: int, timespec: str = "milliseconds") -> str:
+    """ISO 8601 in UTC, as the CLI prints due and parked times."""
+    return datetime_of_ms(ms).isoformat(timespec=timespec)
+
+
+def ms_of_datetime(at: datetime) -> int:
+    """Unix ms of an aware datetime, rounded to the nearest ms."""
+    return round(at.timestamp() * 1000)
+
+
+def us_of_datetime(at: datetime) -> float:
+    """Unix µs of a datetime, unrounded (the planner rounds a due time up, not to nearest)."""
+    return at.timestamp() * 1_000_000
+
+
+def timedelta_of_ms(ms: float) -> timedelta:
+    return timedelta(milliseconds=ms)
+
+
+def seconds_of_ms(ms: float) -> float:
+    return ms / 1000
