@@ -9,24 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker
 
-ROOT = Path(__file__).resolve().parent.parent
-for _path in (ROOT / "scripts", Path(__file__).resolve().parent):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+from tests.helpers.brokerctl import BrokerAdmin, make_prefix
+from tests.helpers.worker_helpers import SharedTopology, TestTopology
 
-from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker  # noqa: E402
-from brokerctl import BrokerAdmin, make_prefix  # noqa: E402
-
-pytest_plugins = ["cluster_support"]  # the local_cluster fixture of tests/cluster
+pytest_plugins = ["tests.helpers.cluster_support"]  # the local_cluster fixture of tests/cluster
 
 # --------------------------------------------------------------------------- broker
 
@@ -97,8 +91,6 @@ def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 # --------------------------------------------------------------------------- shared topology
-
-from worker_helpers import SharedTopology, TestTopology  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from typing import Any
 
 import pika
 import pytest
-from worker_helpers import SharedTopology
 
 from rmqdelay import (
     AsyncPublisher,
@@ -27,6 +26,7 @@ from rmqdelay import (
     Settings,
     UnknownDestinationError,
 )
+from tests.helpers.worker_helpers import SharedTopology
 
 DEST = "bad-inputs"
 BOUND_S = 10.0  # generous: the point is that nothing hangs

@@ -11,11 +11,11 @@ import time
 from typing import Any
 
 import pika
-from worker_helpers import make_settings, work_queue
 
 from rmqdelay import Publisher, Settings
 from rmqdelay.amqp.parked_queue import ParkedQueue
 from rmqdelay.core.plan import plan_delay
+from tests.helpers.worker_helpers import make_settings, work_queue
 
 DEST = "versions"
 

@@ -13,16 +13,6 @@ from datetime import datetime, timedelta, timezone
 import aio_pika
 import pytest
 from prometheus_client import REGISTRY
-from worker_helpers import (
-    Call,
-    Calls,
-    TestTopology,
-    make_settings,
-    parking_queue,
-    queue_depth,
-    wait_until,
-    work_queue,
-)
 
 from rmqdelay import (
     AsyncPublisher,
@@ -35,6 +25,16 @@ from rmqdelay import (
 )
 from rmqdelay.amqp.journal import append_records_async, cancel_async
 from rmqdelay.core.journal import JournalRecord
+from tests.helpers.worker_helpers import (
+    Call,
+    Calls,
+    TestTopology,
+    make_settings,
+    parking_queue,
+    queue_depth,
+    wait_until,
+    work_queue,
+)
 
 DEST = "cancellable"
 

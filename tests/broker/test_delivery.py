@@ -9,9 +9,6 @@ import aio_pika
 import aiormq
 import pika
 import pytest
-from brokerctl import BrokerAdmin
-from support import Collector, work_queue
-from worker_helpers import TestTopology
 
 from rmqdelay import (
     Settings,
@@ -27,6 +24,9 @@ from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.messages import DESTINATION, DUE_AT
 from rmqdelay.errors import BatchPublishError, PublisherClosedError, PublishNackedError
 from rmqdelay.settings import SecretUrl
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.support import Collector, work_queue
+from tests.helpers.worker_helpers import TestTopology
 
 LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
 

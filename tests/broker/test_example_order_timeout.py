@@ -10,10 +10,10 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from worker_helpers import wait_until
 
 from rmqdelay import Settings
 from rmqdelay.amqp.publisher import Publisher
+from tests.helpers.worker_helpers import wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "order_timeout"
 

@@ -1,4 +1,4 @@
-"""Smoke tests of the test infrastructure on the broker: scripts/broker.py, tests/brokerctl.py,
+"""Smoke tests of the test infrastructure on the broker: scripts/broker.py, the helpers,
 fixtures.  The parts that need no broker are in tests/unit/test_infra_units.py."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from types import ModuleType
 import pika
 import pytest
 from broker import BrokerInfo
-from broker_fakes import FakeContainer
-from brokerctl import BrokerAdmin, delete_prefixed
 from brokers import container
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
+
+from tests.helpers.broker_fakes import FakeContainer
+from tests.helpers.brokerctl import BrokerAdmin, delete_prefixed
 
 
 def _url_for(amqp_url: str, user: str, password: str) -> str:

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 from broker import BrokerInfo
-from brokerctl import BrokerAdmin, make_prefix
 
 from rmqdelay import Settings, TopologyManager
+from tests.helpers.brokerctl import BrokerAdmin, make_prefix
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -18,8 +18,6 @@ from urllib.parse import quote
 
 import pika
 import pytest
-from brokerctl import BrokerAdmin
-from worker_helpers import TestTopology
 
 from rmqdelay import Settings, TopologyConflictError, TopologyManager
 from rmqdelay.amqp.parked_queue import ParkedQueue
@@ -27,6 +25,8 @@ from rmqdelay.amqp.passive import ready_messages
 from rmqdelay.amqp.status import peek_parked
 from rmqdelay.amqp.topology_manager import DELIVERY_LIMIT_NOTE
 from rmqdelay.core.parking import PARKED_DESTINATION, PARKED_REASON
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import TestTopology
 
 READS = 25  # past 4.0's default limit of 20
 

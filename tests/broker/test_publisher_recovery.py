@@ -18,8 +18,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pika
 import pytest
-from brokerctl import BrokerAdmin
-from support import Collector, work_queue
 
 from rmqdelay import (
     AsyncPublisher,
@@ -34,6 +32,8 @@ from rmqdelay import (
 from rmqdelay.amqp.aio_publisher import _is_open
 from rmqdelay.amqp.connections import connect_async, connect_blocking
 from rmqdelay.settings import SecretUrl
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.support import Collector, work_queue
 
 T = TypeVar("T")
 BOUND = 10.0

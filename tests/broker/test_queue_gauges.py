@@ -6,15 +6,15 @@ from __future__ import annotations
 import threading
 import time
 
-from brokerctl import BrokerAdmin
 from prometheus_client import REGISTRY
-from stuck_hop import management_has_statistics, stuck_hop
-from worker_helpers import make_settings
 
 from rmqdelay import Publisher
 from rmqdelay.amqp.status import gather_status
 from rmqdelay.core.plan import plan_delay
 from rmqdelay.worker.metrics import refresh_queue_gauges
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.stuck_hop import management_has_statistics, stuck_hop
+from tests.helpers.worker_helpers import make_settings
 
 DEST = "gauged"
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme_blocks import PYTHON_BLOCKS
+
+from tests.helpers.readme_blocks import PYTHON_BLOCKS
 
 # tests/unit/test_readme_blocks.py checks that there are blocks to run
 

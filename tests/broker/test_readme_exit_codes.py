@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from readme_blocks import exit_code_examples
+
+from tests.helpers.readme_blocks import exit_code_examples
 
 EXAMPLES = exit_code_examples()  # tests/unit/test_readme_blocks.py: one of each code at least
 

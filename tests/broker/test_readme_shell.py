@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme_blocks import RUNNABLE_SH, commands
+
+from tests.helpers.readme_blocks import RUNNABLE_SH, commands
 
 # tests/unit/test_readme_blocks.py checks that the quickstart's block is among these
 

@@ -19,7 +19,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from broker import BrokerInfo
-from brokerctl import BrokerAdmin
 from pydantic import ValidationError
 
 from rmqdelay import Settings
@@ -27,6 +26,7 @@ from rmqdelay.amqp.connections import connect_async, connect_blocking
 from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.errors import RmqDelayError
 from rmqdelay.settings import mask_url
+from tests.helpers.brokerctl import BrokerAdmin
 
 WORKER_APP = """\
 from rmqdelay import Worker

@@ -8,13 +8,13 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
-from brokerctl import BrokerAdmin
 from click.testing import CliRunner
-from worker_helpers import make_settings
 
 from rmqdelay import Publisher, Settings
 from rmqdelay.cli import app
 from rmqdelay.core.plan import plan_delay
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import make_settings
 
 DEST = "counted"
 

@@ -10,9 +10,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 import pytest
-from brokerctl import BrokerAdmin
 from click.testing import CliRunner
-from worker_helpers import make_settings
 
 from rmqdelay import Settings
 from rmqdelay.amqp import status as amqp_status
@@ -21,6 +19,8 @@ from rmqdelay.cli import app
 from rmqdelay.core.messages import DESTINATION
 from rmqdelay.core.parking import PARKED_DESTINATION, PARKED_REASON
 from rmqdelay.core.routing import build_key
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import make_settings
 
 DEST = "orders"
 

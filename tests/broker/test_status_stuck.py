@@ -1,5 +1,5 @@
 """``rmqdelay status`` shows messages stuck past their time in a tier, and ``--check``
-fails on them: a real stuck hop, made with a policy (see tests/stuck_hop.py)."""
+fails on them: a real stuck hop, made with a policy (see tests/helpers/stuck_hop.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 import time
 from typing import Any
 
-from brokerctl import BrokerAdmin
 from click.testing import CliRunner, Result
-from stuck_hop import management_has_statistics, stuck_hop
-from worker_helpers import make_settings
 
 from rmqdelay import Settings
 from rmqdelay.cli import app
 from rmqdelay.cli.status import STUCK_EXIT_CODE
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.stuck_hop import management_has_statistics, stuck_hop
+from tests.helpers.worker_helpers import make_settings
 
 DEST = "late"
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from support import Collector, work_queue
 
 from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyError, TopologyManager
 from rmqdelay.settings import SecretUrl
+from tests.helpers.support import Collector, work_queue
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -7,18 +7,8 @@ import time
 from typing import Any
 
 import pytest
-from brokerctl import BrokerAdmin
 from prometheus_client import REGISTRY
 from pydantic import BaseModel
-from worker_helpers import (
-    Calls,
-    TestTopology,
-    drain,
-    parking_queue,
-    queue_depth,
-    wait_until,
-    work_queue,
-)
 
 from rmqdelay import plan_delay
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
@@ -37,6 +27,16 @@ from rmqdelay.core.parking import (
 from rmqdelay.core.retry import Backoff, Park, Requeue, Retry
 from rmqdelay.core.routing import parse_key
 from rmqdelay.worker import Worker, WorkerError
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import (
+    Calls,
+    TestTopology,
+    drain,
+    parking_queue,
+    queue_depth,
+    wait_until,
+    work_queue,
+)
 
 DEST = "jobs"
 

@@ -14,13 +14,13 @@ import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from brokerctl import BrokerAdmin
-from worker_helpers import TestTopology, wait_until
 
 from rmqdelay import Settings, Worker, WorkerError
 from rmqdelay.amqp.connections import connect_async, connect_blocking
 from rmqdelay.errors import ConnectionFailedError
 from rmqdelay.settings import SecretUrl
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import TestTopology, wait_until
 
 
 def with_login(amqp_url: str, user: str, password: str, vhost: str | None = None) -> str:

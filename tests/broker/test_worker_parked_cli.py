@@ -7,7 +7,14 @@ import json
 from typing import Any
 
 from click.testing import CliRunner
-from worker_helpers import (
+
+from rmqdelay.amqp.aio_publisher import AsyncPublisher
+from rmqdelay.cli import app as cli_app
+from rmqdelay.core.context import Context
+from rmqdelay.core.retry import Backoff
+from rmqdelay.settings import Settings
+from rmqdelay.worker import Worker
+from tests.helpers.worker_helpers import (
     Calls,
     TestTopology,
     drain,
@@ -16,13 +23,6 @@ from worker_helpers import (
     wait_until,
     work_queue,
 )
-
-from rmqdelay.amqp.aio_publisher import AsyncPublisher
-from rmqdelay.cli import app as cli_app
-from rmqdelay.core.context import Context
-from rmqdelay.core.retry import Backoff
-from rmqdelay.settings import Settings
-from rmqdelay.worker import Worker
 
 runner = CliRunner()
 

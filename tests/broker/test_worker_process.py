@@ -1,6 +1,6 @@
 """The ``rmqdelay worker`` process: SIGKILL loses nothing, SIGTERM drains, exit codes, logs.
 
-The worker runs ``tests/worker_apps.py:app`` from the console script, configured by
+The worker runs ``tests/helpers/worker_apps.py:app`` from the console script, configured by
 ``RMQDELAY_*``; its handlers write one line per event to a log file we poll.
 """
 
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pika
 import pytest
-from brokerctl import BrokerAdmin
-from worker_helpers import TestTopology, work_queue
 
 from rmqdelay import Settings
 from rmqdelay.amqp.publisher import Publisher
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import TestTopology, work_queue
 
-TESTS = Path(__file__).resolve().parent.parent  # worker_apps.py lives there
+TESTS = Path(__file__).resolve().parents[1] / "helpers"  # worker_apps.py lives there
 RMQDELAY = Path(sys.executable).with_name("rmqdelay")
 
 

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 
 import pika
 import pytest
-from cluster_support import Cluster
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import AMQPError
+
+from tests.helpers.cluster_support import Cluster
 
 QUORUM = {"x-queue-type": "quorum", "x-queue-leader-locator": "balanced"}
 

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 from broker import BrokerInfo
-from brokerctl import make_prefix
-from cluster_support import Cluster
+
+from tests.helpers.brokerctl import make_prefix
+from tests.helpers.cluster_support import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -18,8 +18,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster_support import Cluster
-
 from rmqdelay import (
     BatchPublishError,
     Context,
@@ -29,6 +27,7 @@ from rmqdelay import (
     TopologyManager,
     Worker,
 )
+from tests.helpers.cluster_support import Cluster
 
 DEST = "failover"
 

@@ -9,9 +9,10 @@ from types import ModuleType
 
 import pytest
 from broker import BrokerInfo, mask_url
-from broker_fakes import FakeContainer
-from brokerctl import make_prefix
 from brokers import base, container, debian, find
+
+from tests.helpers.broker_fakes import FakeContainer
+from tests.helpers.brokerctl import make_prefix
 
 
 @pytest.mark.parametrize(

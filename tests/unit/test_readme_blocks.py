@@ -6,7 +6,10 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from readme_blocks import (
+
+from rmqdelay.cli import app
+from rmqdelay.worker.runner import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
+from tests.helpers.readme_blocks import (
     PYTHON_BLOCKS,
     README,
     RUNNABLE_SH,
@@ -14,9 +17,6 @@ from readme_blocks import (
     exit_codes,
     reconnect_pauses,
 )
-
-from rmqdelay.cli import app
-from rmqdelay.worker.runner import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
 
 PYPROJECT = README.parent / "pyproject.toml"
 

@@ -20,11 +20,11 @@ from urllib.parse import quote
 
 import pika
 import pika.exceptions
-from brokerctl import BrokerAdmin
 
 from rmqdelay import Publisher, Settings
 from rmqdelay.amqp.status import gather_status
 from rmqdelay.core.plan import plan_delay
+from tests.helpers.brokerctl import BrokerAdmin
 
 __all__ = ["management_has_statistics", "stuck_hop"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 _TEXT = README.read_text()
 PYTHON_BLOCKS: list[str] = re.findall(r"```python\n(.*?)```", _TEXT, flags=re.S)
 SH_BLOCKS: list[str] = re.findall(r"```sh\n(.*?)```", _TEXT, flags=re.S)
