@@ -2,7 +2,8 @@
 
 A failed passive declare makes the broker close its channel (404 missing, 403
 refused), so each check opens a throwaway channel, never the caller's. One helper per
-client library, both bounded by ``timeout``; needs no configure permission.
+client library, both bounded by ``timeout`` (pika's only on rmqdelay's fast path,
+:mod:`.pika_private`); needs no configure permission.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import pika
+import pika.exceptions
 
 from ..errors import AccessRefusedError
-from .blocking import open_channel, wait_until
+from . import pika_private
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -21,23 +23,42 @@ __all__ = ["queue_exists", "queue_exists_async", "ready_messages", "ready_messag
 
 
 def ready_messages(connection: pika.BlockingConnection, queue: str, timeout: float) -> int | None:
-    """Messages ready in ``queue``, None when it does not exist; AccessRefusedError on 403."""
-    channel = open_channel(connection, timeout)
-    impl: Any = channel._impl  # type: ignore[attr-defined]  # BlockingChannel's waits are unbounded
+    """Messages ready in ``queue``, None when it does not exist; AccessRefusedError on 403.
+
+    Bounded by ``timeout`` on the fast path; pika's public path waits for the answer.
+    """
+    if not pika_private.usable(connection):
+        try:
+            channel = connection.channel()
+            declared = channel.queue_declare(queue, passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            _refused(queue, exc)
+            return None
+        channel.close()
+        return int(declared.method.message_count)
+    impl = pika_private.open_channel(connection, timeout)
     answers: list[Any] = []
     closed: list[Any] = []
     impl.add_on_close_callback(lambda _channel, reason: closed.append(reason))
     impl.queue_declare(queue, passive=True, callback=answers.append)
-    wait_until(connection, lambda: bool(answers or closed), timeout, f"checking queue {queue!r}")
+    pika_private.wait_until(
+        connection, lambda: bool(answers or closed), timeout, f"checking queue {queue!r}"
+    )
     if answers:
         impl.close()  # its CloseOk comes with later I/O: nothing to wait for
         return int(answers[0].method.message_count)
-    code, text = getattr(closed[0], "reply_code", None), getattr(closed[0], "reply_text", "")
+    _refused(queue, closed[0])
+    return None
+
+
+def _refused(queue: str, reason: BaseException) -> None:
+    """Return for a missing queue (404); raise AccessRefusedError (403), or ``reason``."""
+    code, text = getattr(reason, "reply_code", None), getattr(reason, "reply_text", "")
     if code == 404:
-        return None
+        return
     if code == 403:
         raise AccessRefusedError(queue, str(text))
-    raise closed[0]
+    raise reason
 
 
 def queue_exists(connection: pika.BlockingConnection, queue: str, timeout: float) -> bool:

@@ -28,6 +28,7 @@ from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
 from .connections import connect_blocking
 from .management import MANAGEMENT_URL_HINT, ManagementApi, same_cluster
+from .pika_private import server_properties
 
 __all__ = ["DELIVERY_LIMIT_NOTE", "PLACEMENT_NOTE", "ObjectState", "TopologyManager"]
 
@@ -187,11 +188,11 @@ class TopologyManager:
         The AMQP server properties name no node, only ``cluster_name``, which on a
         cluster without a name set is each node's own (see
         :func:`~rmqdelay.amqp.management.same_cluster`), so the API's nodes are asked
-        too. When the API's user may not list them, differing names are not refused.
+        too. When the API's user may not list them, differing names are not refused, nor
+        on pika's public path (:mod:`.pika_private`), where the AMQP side names nothing.
         """
         self._chan()
-        impl = getattr(self._connection, "_impl", None)
-        amqp_name = getattr(impl, "server_properties", {}).get("cluster_name")
+        amqp_name = server_properties(self._connection).get("cluster_name")
         if isinstance(amqp_name, bytes):
             amqp_name = amqp_name.decode(errors="replace")
         try:
