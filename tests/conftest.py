@@ -178,3 +178,20 @@ def no_broker_here(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setattr(debian, "is_root", lambda: False)
     monkeypatch.setattr(find, "MANAGEMENT_TIMEOUT", 2.0)
     return broker_module
+
+
+# --------------------------------------------------------------------------- pika's two paths
+
+
+@pytest.fixture(params=["pika-fast", "pika-public"])
+def pika_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a sync publisher test on both of rmqdelay's ways through pika: its fast path
+    (pika's internals) and pika's public API, as ``RMQDELAY_CLIENT_FAST=0`` or a failed
+    self-check makes it (rmqdelay/amqp/pika_private.py). Select them with
+    ``-k pika-fast`` / ``-k pika-public``; "pika-fast" is the public path too when the
+    self-check refused the installed pika."""
+    if request.param == "pika-public":
+        from rmqdelay.amqp import pika_private
+
+        monkeypatch.setattr(pika_private, "FAST", False)
+    return str(request.param)

@@ -179,6 +179,7 @@ async def test_a_cancel_during_the_third_retry_wait_stops_the_retries(
     assert [c.attempt for c in calls.items] == [1, 2, 3]
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_scheduled_list_shows_exactly_the_uncancelled_future_messages(
     amqp_url: str, prefix: str
 ) -> None:
@@ -204,6 +205,7 @@ def test_scheduled_list_shows_exactly_the_uncancelled_future_messages(
     ][:10]
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_with_the_journal_off_cancel_and_list_name_the_setting(amqp_url: str, prefix: str) -> None:
     settings = make_settings(amqp_url, prefix, [DEST], schedule_journal=False)
     with Publisher(settings) as publisher:
@@ -214,6 +216,7 @@ def test_with_the_journal_off_cancel_and_list_name_the_setting(amqp_url: str, pr
             publisher.list_scheduled()
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_rmqdelay_consume_honours_cancels(shared_topology: TestTopology) -> None:
     from click.testing import CliRunner
 

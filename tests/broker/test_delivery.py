@@ -101,6 +101,7 @@ async def test_random_delays_none_early_none_lost(rmq: Settings, orders: str) ->
         assert r.lateness_ms < LATE_BOUND_MS * 2
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_sync_publisher_delivers_in_due_order(rmq: Settings, orders: str) -> None:
     with Publisher(rmq) as publisher:
         results = publisher.publish_many(
@@ -127,6 +128,7 @@ def test_sync_publisher_delivers_in_due_order(rmq: Settings, orders: str) -> Non
     assert bodies == [b"0", b"0.6", b"1.2"]
 
 
+@pytest.mark.usefixtures("pika_path")
 async def test_unknown_destination_raises_before_sending(rmq: Settings) -> None:
     with Publisher(rmq) as publisher, pytest.raises(UnknownDestinationError, match="nowhere"):
         publisher.publish("nowhere", b"x", delay=1)
@@ -135,6 +137,7 @@ async def test_unknown_destination_raises_before_sending(rmq: Settings) -> None:
             await apublisher.publish("nowhere", b"x", delay=1)
 
 
+@pytest.mark.usefixtures("pika_path")
 async def test_return_raises_unroutable(rmq: Settings, orders: str) -> None:
     """A cached destination whose queue vanished: the broker returns the message."""
     async with AsyncPublisher(rmq) as publisher:
@@ -150,6 +153,7 @@ async def test_return_raises_unroutable(rmq: Settings, orders: str) -> None:
         assert sync_publisher.publish(orders, b"ok", delay=0).hops == 0
 
 
+@pytest.mark.usefixtures("pika_path")
 async def test_nack_raises(amqp_url: str, prefix: str) -> None:
     # a hand-made work queue and no topology: no schedule journal either
     settings = Settings(
@@ -168,6 +172,7 @@ async def test_nack_raises(amqp_url: str, prefix: str) -> None:
             await apublisher.publish("full", b"x", delay=0)
 
 
+@pytest.mark.usefixtures("pika_path")
 async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, orders: str) -> None:
     """Both publishers send a batch as windows of frames written at once: a message the
     broker returns fails alone, by its id, and the others are confirmed."""
@@ -191,6 +196,7 @@ async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, o
         assert info.value.confirmed == 2
 
 
+@pytest.mark.usefixtures("pika_path")
 async def test_a_nacked_batch_fails_message_by_message(amqp_url: str, prefix: str) -> None:
     settings = Settings(
         url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic", schedule_journal=False
@@ -213,6 +219,7 @@ async def test_a_nacked_batch_fails_message_by_message(amqp_url: str, prefix: st
         assert isinstance(failure, PublishNackedError)
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_closed_connection_raises_not_success(
     rmq: Settings, orders: str, admin: BrokerAdmin, prefix: str
 ) -> None:
@@ -305,6 +312,7 @@ async def test_deleted_destination_parks_and_does_not_stall_the_tier(
     assert 0 <= arrived[0].lateness_ms < LATE_BOUND_MS
 
 
+@pytest.mark.usefixtures("pika_path")
 async def test_limited_user_publishes_and_consumes_without_configure(
     rmq: Settings, orders: str, admin: BrokerAdmin, prefix: str
 ) -> None:

@@ -137,6 +137,7 @@ def through(settings: Settings, proxy: SilentProxy, confirm_timeout: float = 1.0
 # ---------------------------------------------------------------- inputs that hung
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_inputs_that_hung_the_sync_publisher_raise_at_once(settings: Settings) -> None:
     with Publisher(settings) as publisher:
         with pytest.raises(InvalidDestinationError, match="control characters"):
@@ -207,6 +208,7 @@ async def test_async_publisher_waits_no_longer_than_its_timeouts(
 # ---------------------------------------------------------------- a dropped connection
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_sync_publisher_reconnects_after_its_connection_is_closed(
     settings: Settings, admin: BrokerAdmin, prefix: str
 ) -> None:
@@ -261,6 +263,7 @@ async def test_async_publisher_reconnects_after_its_connection_is_closed(
     assert {r.message_id for r in received} >= {result.message_id, *(b.message_id for b in batch)}
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_a_publisher_on_a_given_connection_says_why_it_cannot_publish(
     settings: Settings, admin: BrokerAdmin, prefix: str
 ) -> None:
@@ -288,6 +291,7 @@ async def test_an_async_publisher_on_a_given_connection_says_why(
         await asyncio.wait_for(publisher.publish(DEST, b"y", delay=0), BOUND)
 
 
+@pytest.mark.usefixtures("pika_path")
 def test_reconnecting_gives_up_after_three_attempts(settings: Settings, proxy: SilentProxy) -> None:
     publisher = Publisher(through(settings, proxy)).connect()
     publisher.publish(DEST, b"x", delay=0)
