@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
         WorkerError,
     )
     from .settings import Settings, load_settings, mask_url
-    from .worker import RunningWorker, Worker
+    from .worker import Delivery, RunningWorker, Settled, Worker, WorkerHook
 
 __all__ = [
     "AsyncPublisher",
@@ -56,6 +56,7 @@ __all__ = [
     "DecodeError",
     "DelayError",
     "DelayPlan",
+    "Delivery",
     "DurationLike",
     "InvalidBodyError",
     "InvalidDestinationError",
@@ -75,6 +76,7 @@ __all__ = [
     "RmqDelayError",
     "RunningWorker",
     "Settings",
+    "Settled",
     "Topology",
     "TopologyConflictError",
     "TopologyError",
@@ -83,6 +85,7 @@ __all__ = [
     "UnroutableError",
     "Worker",
     "WorkerError",
+    "WorkerHook",
     "build_topology",
     "format_ms",
     "load_settings",
@@ -138,6 +141,9 @@ _WHERE: dict[str, str] = {
     "mask_url": ".settings",
     "RunningWorker": ".worker",
     "Worker": ".worker",
+    "Delivery": ".worker",
+    "Settled": ".worker",
+    "WorkerHook": ".worker",
 }
 
 

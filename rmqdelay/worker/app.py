@@ -17,6 +17,7 @@ from ..core.retry import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, Backoff, RetryPo
 from ..core.routing import validate_destination
 from ..errors import ConfigurationError, RmqDelayError, WorkerError
 from ..settings import Settings
+from .hooks import WorkerHook
 from .runner import RunningWorker
 
 __all__ = ["RunOptions", "Worker"]
@@ -37,7 +38,8 @@ class Worker:
 
     ``app = Worker(settings)``, then ``@app.handler("orders-timeout")`` on functions,
     then ``rmqdelay worker module:app`` (or ``app.run()``). Without settings, the
-    worker reads them from ``RMQDELAY_*`` when it starts.
+    worker reads them from ``RMQDELAY_*`` when it starts. ``hooks`` observe every
+    delivery (see :class:`WorkerHook`), after the worker's own.
     """
 
     def __init__(
@@ -48,10 +50,23 @@ class Worker:
         backoff: Backoff = DEFAULT_BACKOFF,
         retry_on: tuple[type[BaseException], ...] = (Exception,),
         park_on: tuple[type[BaseException], ...] = (),
+        hooks: Iterable[WorkerHook] = (),
     ) -> None:
         self._settings = settings
         self.default_policy = RetryPolicy(max_attempts, backoff, tuple(retry_on), tuple(park_on))
         self.handlers: dict[str, HandlerSpec] = {}
+        self.hooks: list[WorkerHook] = []
+        for hook in hooks:
+            self.add_hook(hook)
+
+    def add_hook(self, hook: WorkerHook) -> WorkerHook:
+        """Add a hook, called after those added before it."""
+        if not isinstance(hook, WorkerHook):
+            raise ConfigurationError(
+                f"a hook must be a rmqdelay.WorkerHook (subclass it), got {type(hook).__name__}"
+            )
+        self.hooks.append(hook)
+        return hook
 
     @property
     def settings(self) -> Settings:
@@ -155,7 +170,8 @@ class Worker:
     ) -> RunningWorker:
         """A :class:`RunningWorker` to ``await runner.run()`` yourself."""
         settings = settings or self.settings
-        return RunningWorker(settings, self.select(settings, queues), **options)
+        handlers = self.select(settings, queues)
+        return RunningWorker(settings, handlers, hooks=self.hooks, **options)
 
     @contextlib.asynccontextmanager
     async def running(

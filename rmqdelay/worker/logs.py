@@ -17,8 +17,12 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from ..settings import SecretUrl, mask_url, reveal, split_urls
+from .delivery import Delivery
+from .hooks import Settled, WorkerHook
 
-__all__ = ["FIELDS", "LEVELS", "StructuredFormatter", "configure_logging"]
+__all__ = ["FIELDS", "LEVELS", "LogHook", "StructuredFormatter", "configure_logging"]
+
+log = logging.getLogger("rmqdelay.worker")
 
 FIELDS = (
     "message_id",
@@ -44,6 +48,33 @@ LEVELS = {
 }
 LogFormat = Literal["text", "json"]
 _SAFE = re.compile(r"^[\w.:/@+-]+$")
+
+
+class LogHook(WorkerHook):
+    """One line per message when it is settled: what happened, with its fields."""
+
+    def before_handle(self, delivery: Delivery) -> bool:
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("received", extra=delivery.fields)
+        return False
+
+    def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+        fields = delivery.fields
+        fields["outcome"] = outcome = settled.outcome
+        if settled.seconds is not None:
+            fields["duration_ms"] = round(settled.seconds * 1000, 1)
+        if outcome == "acked":
+            log.info("handled", extra=fields)
+        elif outcome in ("requeued", "cancelled"):
+            log.info(outcome, extra=fields)
+        elif outcome == "retried":
+            fields.update(delay_ms=settled.delay_ms, reason=settled.reason)
+            log.warning("retrying", extra=fields)
+        elif outcome == "parked":
+            fields.update(reason=settled.reason, traceback=settled.traceback)
+            log.error("parked", extra=fields)
+        else:
+            log.warning("%s: the broker delivers it again", settled.problem, extra=fields)
 
 
 class StructuredFormatter(logging.Formatter):

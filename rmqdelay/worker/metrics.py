@@ -10,7 +10,10 @@ from collections.abc import Callable
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from ..core.clock import seconds_of_ms
 from ..core.status import PastDueWatch, Status
+from .delivery import Delivery
+from .hooks import Settled, WorkerHook
 
 __all__ = [
     "HANDLED",
@@ -20,6 +23,7 @@ __all__ = [
     "PAST_DUE",
     "PAST_DUE_SECONDS",
     "SCHEDULED",
+    "MetricsHook",
     "refresh_queue_gauges",
     "serve_metrics",
 ]
@@ -42,6 +46,25 @@ HANDLER_SECONDS = Histogram(
     "How long handlers ran.",
     ["destination"],
 )
+
+
+_COUNTED = frozenset(("acked", "retried", "requeued", "parked", "cancelled"))
+
+
+class MetricsHook(WorkerHook):
+    """Count each message's outcome, how late it came and how long its handler ran."""
+
+    def before_handle(self, delivery: Delivery) -> bool:
+        late = delivery.lateness_ms
+        if late is not None:
+            LATENESS.labels(delivery.destination).observe(seconds_of_ms(max(0, late)))
+        return False
+
+    def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+        if settled.seconds is not None:
+            HANDLER_SECONDS.labels(delivery.destination).observe(settled.seconds)
+        if settled.outcome in _COUNTED:  # not "returned": it comes again, and counts then
+            HANDLED.labels(delivery.destination, settled.outcome).inc()
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from rmqdelay.cli import app
-from rmqdelay.worker.runner import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
+from rmqdelay.worker.reconnect import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
 from tests.helpers.readme_blocks import (
     PYTHON_BLOCKS,
     README,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmqdelay.worker.runner import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
+from rmqdelay.worker.reconnect import RECONNECT_FIRST_S, RECONNECT_MAX_S, reconnect_delay
 
 jitters = st.floats(min_value=0.0, max_value=1.0, exclude_max=True)
 

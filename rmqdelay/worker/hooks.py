@@ -1,0 +1,127 @@
+"""Hooks around handling, dramatiq's middleware as the model.
+
+The worker decides what to do with a delivery and tells the broker; hooks observe it
+(metrics, logs, your own), and one may skip a delivery before its handler runs (the
+schedule journal's cancel filter). A hook that raises is logged and passed over: the
+message is still settled exactly once, and the other hooks still run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from .delivery import Delivery
+
+if TYPE_CHECKING:
+    from aio_pika.abc import AbstractConnection
+
+__all__ = ["Hooks", "Outcome", "Settled", "WorkerHook"]
+
+log = logging.getLogger("rmqdelay.worker")
+
+Outcome = Literal["acked", "retried", "requeued", "parked", "cancelled", "returned"]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How a delivery ended, as the broker was told.
+
+    ``outcome``: ``acked`` (the handler returned), ``retried`` (a copy for the next
+    attempt confirmed, then acked), ``requeued``, ``parked``, ``cancelled`` (a hook
+    skipped it: acked, never handled), or ``returned``: settling failed, the broker
+    delivers it again, and ``problem`` says why.
+    """
+
+    outcome: Outcome
+    reason: str = ""
+    delay_ms: int | None = None
+    """The wait before the next attempt, for ``retried``."""
+    error: BaseException | None = None
+    """What the handler raised, if it did."""
+    traceback: str | None = None
+    """The handler's last frames, for a parked error (not for a ``Park`` it raised)."""
+    seconds: float | None = None
+    """How long the handler ran; None when it did not run."""
+    problem: str | None = None
+
+
+class WorkerHook:
+    """Subclass and override what you need; a method left alone is never called.
+
+    The per-delivery methods run on the worker's event loop, for every message: keep them
+    quick and never block.
+    """
+
+    async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
+        """A connection is open and consuming has not started; set ``lost`` to end it.
+
+        Raising fails the start: a connection error is retried with the reconnect
+        pauses, anything else stops the worker.
+        """
+
+    async def on_disconnect(self) -> None:
+        """That connection's session ended (lost, or the worker stops)."""
+
+    def before_handle(self, delivery: Delivery) -> bool:
+        """True to ack the delivery without calling its handler (outcome ``cancelled``);
+        the hooks after this one are then not asked."""
+        return False
+
+    def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+        """The broker has been told how the delivery ended (or settling failed)."""
+
+
+class Hooks:
+    """A worker's hooks in order; each method is called only on hooks that override it."""
+
+    def __init__(self, hooks: Iterable[WorkerHook]) -> None:
+        self.all = tuple(hooks)
+        self._connect = _overriding(self.all, "on_connect")
+        self._disconnect = _overriding(self.all, "on_disconnect")
+        self._before = _overriding(self.all, "before_handle")
+        self._after = _overriding(self.all, "after_settle")
+
+    async def connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
+        for hook in self._connect:
+            await hook.on_connect(connection, lost)
+
+    async def disconnect(self) -> None:
+        for hook in self._disconnect:
+            try:
+                await hook.on_disconnect()
+            except Exception:
+                log.exception("hook %s failed in on_disconnect", _name(hook))
+
+    def skip(self, delivery: Delivery) -> bool:
+        """Whether a hook skips the delivery; a hook that fails skips nothing (at least once)."""
+        for hook in self._before:
+            try:
+                if hook.before_handle(delivery):
+                    return True
+            except Exception:
+                log.exception(
+                    "hook %s failed in before_handle; the message is handled",
+                    _name(hook),
+                    extra=delivery.fields,
+                )
+        return False
+
+    def settled(self, delivery: Delivery, settled: Settled) -> None:
+        for hook in self._after:
+            try:
+                hook.after_settle(delivery, settled)
+            except Exception:
+                log.exception("hook %s failed in after_settle", _name(hook), extra=delivery.fields)
+
+
+def _overriding(hooks: tuple[WorkerHook, ...], method: str) -> tuple[WorkerHook, ...]:
+    default = getattr(WorkerHook, method)
+    return tuple(h for h in hooks if getattr(type(h), method, default) is not default)
+
+
+def _name(hook: WorkerHook) -> str:
+    return type(hook).__qualname__
