@@ -8,11 +8,17 @@ import threading
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
-from worker_helpers import TestTopology, parking_queue, queue_depth, wait_until, work_queue
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.core.retry import Backoff, Park, Retry
 from rmqdelay.worker import Delivery, Settled, Worker, WorkerHook
+from tests.helpers.worker_helpers import (
+    TestTopology,
+    parking_queue,
+    queue_depth,
+    wait_until,
+    work_queue,
+)
 
 
 class Seen(WorkerHook):
