@@ -9,6 +9,7 @@ what was done is returned as :class:`~rmqdelay.worker.hooks.Settled` for the hoo
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import cast
 
 import aio_pika
@@ -24,7 +25,7 @@ from ..core.retry import Decision, DecodeError, HandlerSignal
 from ..core.wire import encode_properties
 from ..errors import PublisherClosedError, RmqDelayError
 from .delivery import Delivery
-from .hooks import Settled
+from .hooks import Outcome, Settled
 
 __all__ = ["SETTLE_ERRORS", "Failure", "Settler"]
 
@@ -57,6 +58,29 @@ class Failure(Exception):
         return cls(error, None if isinstance(error, DecodeError) else short_traceback(error))
 
 
+@dataclass
+class _Job:
+    """One delivery being settled, and what its :class:`Settled` carries whatever it ends as."""
+
+    spec: HandlerSpec
+    message: AbstractIncomingMessage
+    delivery: Delivery
+    failure: Failure | None
+    seconds: float
+
+    def settled(
+        self,
+        outcome: Outcome,
+        reason: str = "",
+        *,
+        delay_ms: int | None = None,
+        traceback: str | None = None,
+        problem: str | None = None,
+    ) -> Settled:
+        error = self.failure.error if self.failure is not None else None
+        return Settled(outcome, reason, delay_ms, error, traceback, self.seconds, problem)
+
+
 class Settler:
     """Carries out one decision for one delivery, on one connection's channels."""
 
@@ -72,7 +96,7 @@ class Settler:
         try:
             await message.ack()
         except SETTLE_ERRORS as exc:
-            return _unsettled(exc)
+            return Settled("returned", problem=_unsettled(exc))
         return Settled("cancelled")
 
     async def settle(
@@ -84,54 +108,41 @@ class Settler:
         failure: Failure | None,
         seconds: float,
     ) -> Settled:
-        error = failure.error if failure is not None else None
+        job = _Job(spec, message, delivery, failure, seconds)
         try:
             if decision.action == "ack":
                 await message.ack()
-                return Settled("acked", seconds=seconds)
+                return job.settled("acked")
             if decision.action == "requeue":
                 await message.reject(requeue=True)
-                return Settled("requeued", decision.reason, error=error, seconds=seconds)
+                return job.settled("requeued", decision.reason)
             if decision.action == "retry":
                 try:
-                    await self._republish(spec, message, delivery, decision)
+                    await self._republish(job, decision)
                 except PublisherClosedError as exc:
                     await message.reject(requeue=True)
                     problem = f"the retry was not confirmed ({exc})"
-                    return Settled(
-                        "returned", decision.reason, error=error, seconds=seconds, problem=problem
-                    )
+                    return job.settled("returned", decision.reason, problem=problem)
                 except RmqDelayError as exc:  # unroutable, nacked, or a delay over max_delay
                     reason = f"{decision.reason}; the retry could not be published: {exc}"
                     decision = Decision("park", delivery.attempt, reason=reason)
                 else:
                     await message.ack()
-                    return Settled(
-                        "retried",
-                        decision.reason,
-                        delay_ms=decision.delay_ms,
-                        error=error,
-                        seconds=seconds,
-                    )
-            return await self._park(spec, message, delivery, decision, failure, seconds)
+                    return job.settled("retried", decision.reason, delay_ms=decision.delay_ms)
+            return await self._park(job, decision)
         except SETTLE_ERRORS as exc:
-            return _unsettled(exc, decision.reason, error, seconds)
+            return job.settled("returned", decision.reason, problem=_unsettled(exc))
 
-    async def _republish(
-        self,
-        spec: HandlerSpec,
-        message: AbstractIncomingMessage,
-        delivery: Delivery,
-        decision: Decision,
-    ) -> None:
+    async def _republish(self, job: _Job, decision: Decision) -> None:
         """Send the message round the delay tiers again, as the next attempt."""
+        delivery, message = job.delivery, job.message
         # prepare() strips x-death and friends: the dead-letter cycle trap lives there
         headers = {**delivery.headers, ATTEMPT: decision.attempt}
         headers.pop("x-delivery-count", None)  # the broker's, for the old delivery
         # publish(), not send(): the retry is recorded in the schedule journal too, so
         # `scheduled list` shows it and a cancel during the wait finds it
         await self.publisher.publish(
-            spec.destination,
+            job.spec.destination,
             message.body,
             delay=timedelta_of_ms(decision.delay_ms),
             headers=headers,
@@ -139,24 +150,16 @@ class Settler:
             **carried_properties(message),
         )
 
-    async def _park(
-        self,
-        spec: HandlerSpec,
-        message: AbstractIncomingMessage,
-        delivery: Delivery,
-        decision: Decision,
-        failure: Failure | None,
-        seconds: float,
-    ) -> Settled:
+    async def _park(self, job: _Job, decision: Decision) -> Settled:
         """Publish a copy to the parking queue, confirmed, then ack the original."""
-        error = failure.error if failure is not None else None
+        delivery, message, failure = job.delivery, job.message, job.failure
         headers = parked_headers(
             delivery.headers,
             reason=decision.reason,
-            destination=spec.destination,
+            destination=job.spec.destination,
             attempts=delivery.attempt,
             parked_at_ms=now_ms(),
-            error=error,
+            error=failure.error if failure is not None else None,
             trace=failure.trace if failure is not None else None,
         )
         exchange = cast(aio_pika.Exchange, self.park_exchange)
@@ -180,26 +183,13 @@ class Settler:
             await asyncio.sleep(1)  # do not spin on a broken parking queue
             await message.reject(requeue=True)
             problem = f"could not park the message ({exc})"
-            return Settled(
-                "returned", decision.reason, error=error, seconds=seconds, problem=problem
-            )
+            return job.settled("returned", decision.reason, problem=problem)
         await message.ack()
         shown = failure is not None and not isinstance(failure.error, HandlerSignal)
-        return Settled(
-            "parked",
-            decision.reason,
-            error=error,
-            traceback=failure.trace if shown and failure is not None else None,
-            seconds=seconds,
-        )
+        trace = failure.trace if shown and failure is not None else None
+        return job.settled("parked", decision.reason, traceback=trace)
 
 
-def _unsettled(
-    exc: BaseException,
-    reason: str = "",
-    error: BaseException | None = None,
-    seconds: float | None = None,
-) -> Settled:
+def _unsettled(exc: BaseException) -> str:
     """An ack, reject or publish the connection's loss cut off: the broker redelivers."""
-    problem = f"could not settle the message ({type(exc).__name__})"
-    return Settled("returned", reason, error=error, seconds=seconds, problem=problem)
+    return f"could not settle the message ({type(exc).__name__})"
