@@ -8,15 +8,13 @@ schedule and meanwhile fails calls with a bare RuntimeError).
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
-from collections.abc import Awaitable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
-from aiormq.abc import ChannelFrame
 from pamqp.commands import Basic
 
 from ..core.journal import CancelResult, JournalRecord
@@ -31,9 +29,8 @@ from ..core.outgoing import (
     Send,
     Steps,
 )
-from ..core.wire import encode_publish
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
-from . import journal
+from . import aiormq_private, journal
 from .connections import connect_async
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
@@ -285,23 +282,18 @@ class AsyncPublisher(
             chunk = batch[start : start + self._window]
             channel = await self._confirm_channel()
             underlay: Any = await channel.get_underlay_channel()
-            if _can_write_frames(underlay):
+            if aiormq_private.can_write_frames(underlay):
                 outcomes += await self._send_window(underlay, chunk)
             else:
                 outcomes += await asyncio.gather(*(self._outcome(p) for p in chunk))
         return outcomes
 
     async def _send_window(self, underlay: Any, chunk: list[Prepared]) -> list[Outcome]:
-        """A window of messages as one write of frames rmqdelay encoded, each with its
-        own confirm future in aiormq's books, so returns, nacks and a closing channel
-        reach each message as they reach aiormq's own publish.
-
-        aiormq spends, per publish, a lock, a timeout scope, a frame object each and a
-        write: on the publish path that was most of the client's time (bench/README.md).
-        """
+        """A window of messages as one write of frames (:mod:`.aiormq_private`), each
+        message with its own confirm, return and nack as from aiormq's own publish."""
         outs = [self.core.finalize(p) for p in chunk]
         try:
-            confirms = await _write_window(underlay, outs)
+            confirms = await aiormq_private.write_window(underlay, outs)
         except (asyncio.TimeoutError, *_LOST) as exc:
             self._lost = exc
             return [self.core.unconfirmed(out.message_id, exc) for out in outs]
@@ -363,55 +355,6 @@ class AsyncPublisher(
 def _is_open(connection: AbstractConnection) -> bool:
     # aio-pika leaves is_closed False when the broker closes the connection
     return not connection.is_closed and connection.connected.is_set()
-
-
-_BOOKS = ("confirmations", "message_id_delivery_tag", "write_queue", "lock", "delivery_tag")
-
-
-def _can_write_frames(underlay: object) -> bool:
-    """Whether this aiormq keeps its confirm books as :func:`_write_window` expects
-    (aiormq 6.4 to 7 do); otherwise every message goes through ``basic_publish``."""
-    return all(hasattr(underlay, name) for name in _BOOKS) and bool(
-        getattr(underlay, "publisher_confirms", False)
-    )
-
-
-def _forget(underlay: Any, message_id: str, tag: int, _future: object) -> None:
-    if underlay.message_id_delivery_tag.get(message_id) == tag:
-        del underlay.message_id_delivery_tag[message_id]
-
-
-async def _write_window(underlay: Any, outs: Sequence[Outgoing]) -> list[asyncio.Future[Any]]:
-    """Register a confirm future per message and write all their frames at once, under
-    the channel's lock, as ``aiormq.Channel.basic_publish`` does for one."""
-    frame_max = underlay.connection.connection_tune.frame_max
-    async with underlay.lock:
-        first = underlay.delivery_tag + 1
-        payload = b"".join(
-            [
-                encode_publish(
-                    underlay.number,
-                    out.exchange,
-                    out.routing_key,
-                    out.prepared.encoded_properties,
-                    out.prepared.body,
-                    frame_max=frame_max,
-                )
-                for out in outs
-            ]
-        )
-        # queued first: the writer cannot send it, nor a confirm come, before the
-        # books below are written, as nothing here awaits after the put
-        await underlay.write_queue.put(ChannelFrame(payload=payload, should_close=False))
-        confirms = []
-        for tag, out in enumerate(outs, first):
-            confirm = underlay.create_future()
-            underlay.confirmations[tag] = confirm
-            underlay.message_id_delivery_tag[out.message_id] = tag
-            confirm.add_done_callback(functools.partial(_forget, underlay, out.message_id, tag))
-            confirms.append(confirm)
-        underlay.delivery_tag = first + len(outs) - 1
-    return confirms
 
 
 def _no_drain() -> dict[str, Any]:

@@ -8,6 +8,7 @@ constructor, their methods and the documentation of both live here.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, cast
 
@@ -17,11 +18,21 @@ from ..core.outgoing import RECONNECT_PAUSES, Flow, PublisherCore, PublishOption
 from ..settings import Settings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
 
-__all__ = ["FAILOVER_CLOSE_S", "PublisherSurface"]
+__all__ = ["CLIENT_FAST_ENV", "FAILOVER_CLOSE_S", "PublisherSurface", "client_fast"]
 
 log = logging.getLogger("rmqdelay.publisher")
 FAILOVER_CLOSE_S = 5.0
 """How long a publisher leaving a node waits for that connection to close."""
+CLIENT_FAST_ENV = "RMQDELAY_CLIENT_FAST"
+
+
+def client_fast() -> bool:
+    """False when ``RMQDELAY_CLIENT_FAST`` is 0 (or false, no, off): the publishers then
+    use only their client library's public API, a way round a release that broke the
+    private reaches their self-checks did not catch. Read at each use, so tests can flip it.
+    """
+    return os.environ.get(CLIENT_FAST_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
 
 ConnT = TypeVar("ConnT")
 OneT = TypeVar("OneT")
