@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from types import ModuleType
+from typing import Any
 
 import pytest
 from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker
@@ -195,3 +196,33 @@ def pika_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
 
         monkeypatch.setattr(pika_private, "FAST", False)
     return str(request.param)
+
+
+# --------------------------------------------------------------------------- aiormq's two paths
+
+
+@pytest.fixture(params=["aio-fast", "aio-public"])
+def aio_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """For tests whose async publisher sends batches: each runs on the window of frames
+    written into aiormq's books, and again with ``RMQDELAY_CLIENT_FAST=0``, aiormq's public
+    ``basic_publish`` per message (``-k aio-fast`` / ``-k aio-public`` select one). Checks
+    afterwards that the path named was the one taken."""
+    from rmqdelay.amqp import aiormq_private
+
+    windows: list[int] = []
+    write_window = aiormq_private.write_window
+
+    async def counted(underlay: object, outs: Any) -> Any:
+        windows.append(len(outs))
+        return await write_window(underlay, outs)
+
+    monkeypatch.setattr(aiormq_private, "write_window", counted)
+    if request.param == "aio-public":
+        monkeypatch.setenv("RMQDELAY_CLIENT_FAST", "0")
+    else:
+        monkeypatch.delenv("RMQDELAY_CLIENT_FAST", raising=False)
+    yield request.param
+    if request.param == "aio-public":
+        assert not windows, f"RMQDELAY_CLIENT_FAST=0, yet windows of {windows} were written"
+    else:
+        assert windows, "no window of frames was written: the fast path was not taken"

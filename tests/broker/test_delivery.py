@@ -80,7 +80,9 @@ async def test_seeds_case_arrives_in_due_order_none_early(rmq: Settings, orders:
         assert 0 <= r.lateness_ms < LATE_BOUND_MS, (r.body, r.lateness_ms)
 
 
-async def test_random_delays_none_early_none_lost(rmq: Settings, orders: str) -> None:
+async def test_random_delays_none_early_none_lost(
+    rmq: Settings, orders: str, aio_path: str
+) -> None:
     rng = random.Random(7)
     delays = [rng.choice([0, 0.01, 0.123, 0.5, 0.99, 1.0, 1.7, 2.5, 3.05]) for _ in range(300)]
     async with (
@@ -172,7 +174,7 @@ async def test_nack_raises(amqp_url: str, prefix: str) -> None:
             await apublisher.publish("full", b"x", delay=0)
 
 
-@pytest.mark.usefixtures("pika_path")
+@pytest.mark.usefixtures("pika_path", "aio_path")
 async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, orders: str) -> None:
     """Both publishers send a batch as windows of frames written at once: a message the
     broker returns fails alone, by its id, and the others are confirmed."""
@@ -196,7 +198,7 @@ async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, o
         assert info.value.confirmed == 2
 
 
-@pytest.mark.usefixtures("pika_path")
+@pytest.mark.usefixtures("pika_path", "aio_path")
 async def test_a_nacked_batch_fails_message_by_message(amqp_url: str, prefix: str) -> None:
     settings = Settings(
         url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic", schedule_journal=False

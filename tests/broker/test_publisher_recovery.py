@@ -237,7 +237,7 @@ def test_sync_publisher_reconnects_after_its_connection_is_closed(
 
 
 async def test_async_publisher_reconnects_after_its_connection_is_closed(
-    settings: Settings, admin: BrokerAdmin, prefix: str
+    settings: Settings, admin: BrokerAdmin, prefix: str, aio_path: str
 ) -> None:
     async with (
         Collector(settings.url.get_secret_value(), work_queue(settings, DEST)) as collector,

@@ -1,0 +1,178 @@
+"""aiormq's private books are used only where their self-checks pass, and are otherwise
+left for the public ``basic_publish`` (rmqdelay/amqp/aiormq_private.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rmqdelay import Settings
+from rmqdelay.amqp import aiormq_private
+from rmqdelay.core.outgoing import PublisherCore
+from rmqdelay.core.wire import encode_publish
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = PublisherCore(Settings(max_delay="1h").layout)
+
+
+def _bounds(name: str) -> tuple[str, str]:
+    """The lower and upper bound pyproject.toml declares for ``name``."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in project["dependencies"]:
+        found = re.fullmatch(rf"{name}\s*>=\s*([\d.]+)\s*,\s*<\s*([\d.]+)", line.split(";")[0])
+        if found:
+            return found[1], found[2]
+    raise AssertionError(f"pyproject.toml declares no '{name}>=x,<y'")
+
+
+def test_the_self_check_knows_the_declared_versions() -> None:
+    declared = tuple(tuple(int(p) for p in end.split(".")) for end in _bounds("aiormq"))
+    assert declared == aiormq_private.AIORMQ_BOUNDS
+    assert aiormq_private.PROBLEM == "", "the installed aiormq should pass its self-check"
+
+
+@pytest.mark.parametrize("version", ["6.7.7", "8.0.0", "9.1", "5.2.2"])
+def test_the_self_check_refuses_a_version_outside_the_bounds(version: str) -> None:
+    assert "outside the versions" in aiormq_private.self_check(version)
+
+
+@pytest.mark.parametrize("version", ["6.8.0", "6.9.4", "7.2.4", "7.99.1.post1"])
+def test_the_self_check_accepts_a_version_inside_the_bounds(version: str) -> None:
+    assert aiormq_private.self_check(version) == ""
+
+
+def test_the_self_check_refuses_a_channel_or_frame_it_does_not_know() -> None:
+    class Channel:
+        def basic_publish(self) -> None: ...
+
+    @dataclass
+    class Frame:
+        data: bytes
+
+    assert "no create_future()" in aiormq_private.self_check("7.2.4", channel=Channel)
+    assert "no payload" in aiormq_private.self_check("7.2.4", frame=Frame)
+    assert "no longer a dataclass" in aiormq_private.self_check("7.2.4", frame=SimpleNamespace)
+
+
+@pytest.fixture
+def reimported(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Import the module again after the test's changes, and once more after undoing them."""
+    yield
+    monkeypatch.undo()
+    importlib.reload(aiormq_private)
+    assert aiormq_private.PROBLEM == ""
+
+
+def test_an_aiormq_outside_the_bounds_turns_the_books_off_at_import(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, reimported: None
+) -> None:
+    real = metadata.version
+    monkeypatch.setattr(
+        metadata, "version", lambda name: "8.0.0" if name == "aiormq" else real(name)
+    )
+    with caplog.at_level(logging.WARNING, "rmqdelay.publisher"):
+        importlib.reload(aiormq_private)
+    assert "aiormq 8.0.0 is outside" in aiormq_private.PROBLEM
+    assert "through basic_publish" in caplog.text
+    assert not aiormq_private.can_write_frames(_channel())
+
+
+def _channel(**changes: Any) -> Any:
+    """What can_write_frames and write_window use of an aiormq channel, nothing else."""
+    books: dict[str, Any] = {
+        "publisher_confirms": True,
+        "confirmations": {},
+        "message_id_delivery_tag": {},
+        "delivery_tag": 0,
+        "write_queue": asyncio.Queue(),
+        "lock": asyncio.Lock(),
+        "number": 3,
+        "connection": SimpleNamespace(connection_tune=SimpleNamespace(frame_max=4096)),
+        "create_future": lambda: asyncio.get_running_loop().create_future(),
+    }
+    books.update(changes)
+    return SimpleNamespace(**{k: v for k, v in books.items() if v is not _GONE})
+
+
+_GONE = object()
+
+
+def test_the_books_are_used_on_a_confirm_channel_that_keeps_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RMQDELAY_CLIENT_FAST", raising=False)
+    assert aiormq_private.can_write_frames(_channel())
+    assert not aiormq_private.can_write_frames(_channel(publisher_confirms=False))
+
+
+@pytest.mark.parametrize("value", ["0", "false", "off", "No"])
+def test_client_fast_0_forces_basic_publish(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("RMQDELAY_CLIENT_FAST", value)
+    assert not aiormq_private.can_write_frames(_channel())
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"confirmations": _GONE}, "has no confirmations"),
+        ({"write_queue": _GONE, "lock": _GONE}, "has no write_queue, lock"),
+        ({"delivery_tag": "7"}, "keeps other books"),
+        ({"connection": SimpleNamespace()}, "keeps other books"),
+    ],
+)
+def test_a_channel_keeping_other_books_goes_through_basic_publish(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    changes: dict[str, Any],
+    problem: str,
+) -> None:
+    monkeypatch.delenv("RMQDELAY_CLIENT_FAST", raising=False)
+    monkeypatch.setattr(aiormq_private, "_warned", set())
+    with caplog.at_level(logging.WARNING, "rmqdelay.publisher"):
+        assert not aiormq_private.can_write_frames(_channel(**changes))
+        assert not aiormq_private.can_write_frames(_channel(**changes))
+    assert caplog.text.count(problem) == 1, "one warning per kind of problem"
+
+
+async def test_a_window_is_one_write_with_a_confirm_per_message_in_the_books() -> None:
+    channel = _channel(delivery_tag=4)
+    outs = [
+        CORE.finalize(CORE.prepare("orders", f"m{i}".encode(), delay=i, message_id=f"m{i}"))
+        for i in range(3)
+    ]
+    confirms = await aiormq_private.write_window(channel, outs)
+    frame = channel.write_queue.get_nowait()
+    assert channel.write_queue.empty()
+    assert frame.payload == b"".join(
+        encode_publish(
+            3,
+            o.exchange,
+            o.routing_key,
+            o.prepared.encoded_properties,
+            o.prepared.body,
+            frame_max=4096,
+        )
+        for o in outs
+    )
+    assert channel.delivery_tag == 7
+    assert channel.confirmations == dict(zip([5, 6, 7], confirms, strict=True))
+    assert channel.message_id_delivery_tag == {"m0": 5, "m1": 6, "m2": 7}
+    confirms[1].set_result(None)  # aiormq pops the confirmation and resolves it
+    await asyncio.sleep(0)  # the done callbacks run
+    assert channel.message_id_delivery_tag == {"m0": 5, "m2": 7}
