@@ -8,6 +8,8 @@
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
+#   make test-deps  the publishers' and worker's tests on the oldest and the newest pika,
+#                 aio-pika, aiormq, pamqp and yarl that pyproject.toml allows
 #   make cluster  a local 3-node RabbitMQ 4.0 cluster on :5711-5713, URLs printed masked
 #                 (cluster-stop; CLUSTER_RABBITMQ=3: the host's 3.10 on :5701-5703)
 #   make cluster-test  kill -9, rolling-restart and partition tests on a local 3-node cluster
@@ -53,7 +55,7 @@ WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
 	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
 	unset out url mgmt;
 
-.PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest demo bench dist clean distclean
+.PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench dist clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -134,6 +136,24 @@ test-oldest: broker
 	.venv310/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'; \
 	$(WITH_BROKER) .venv310/bin/pytest -q -p no:cacheprovider tests/unit \
 		tests/broker/test_delivery.py tests/broker/test_worker.py
+
+# The publishers' and the worker's tests on both ends of the client libraries' ranges in
+# pyproject.toml, each in a venv of its own: .venv-deps-oldest pins every lower bound
+# (scripts/deps_ends.py), .venv-deps-newest takes the newest each range allows; the other
+# dependencies are the newest allowed in both. One end after the other, on one broker.
+DEPS_TESTS ?= tests/unit tests/broker/test_delivery.py tests/broker/test_publisher_recovery.py \
+	tests/broker/test_worker.py
+test-deps: broker
+	@rc=0; for end in oldest newest; do \
+		venv=.venv-deps-$$end; \
+		[ -x $$venv/bin/python ] || $(BOOT_PYTHON) -m venv $$venv; \
+		$(PY) scripts/deps_ends.py $$end > $$venv/constraints.txt; \
+		$$venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \
+			--upgrade-strategy eager -c $$venv/constraints.txt -e '.[dev]'; \
+		echo "== test-deps, $$end: $$($$venv/bin/python scripts/deps_ends.py --installed $$end) =="; \
+		( $(WITH_BROKER) $$venv/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEPS_TESTS) ) \
+			|| { rc=1; echo "test-deps: FAILED on the $$end versions" >&2; }; \
+	done; exit $$rc
 
 # The demo needs no management API: never enable its plugin for it.
 demo: venv
