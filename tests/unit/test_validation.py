@@ -175,6 +175,7 @@ VALUES: dict[str, Any] = {
 
 
 _PAMQP_MAJOR = int(importlib.metadata.version("pamqp").split(".")[0])
+_PIKA = tuple(int(p) for p in importlib.metadata.version("pika").split(".")[:2])
 
 
 def test_every_type_comes_back_from_both_decoders_as_sent() -> None:
@@ -198,6 +199,8 @@ def test_every_type_comes_back_from_both_decoders_as_sent() -> None:
         if properties is pika_props:  # pika reads a double as an int: its bug, not the wire's
             assert (headers.pop("d"), headers.pop("list")[2]) == (0, [3])
             del expected["d"], expected["list"]
+            if _PIKA < (1, 4):  # and pika 1.3 reads a 64-bit int as unsigned (1.4 fixed it)
+                assert headers.pop("small") == 2**63 == -expected.pop("small")
         elif _PAMQP_MAJOR < 4:  # pamqp 3 (aio-pika 9, Python 3.10) misreads a negative
             # Decimal and gives bytes back as a bytearray: its decoder's bugs, not the wire's
             # (pika, above, reads the same bytes right)
