@@ -139,18 +139,22 @@ test-oldest: broker
 
 # The publishers' and the worker's tests on both ends of the client libraries' ranges in
 # pyproject.toml, each in a venv of its own: .venv-deps-oldest pins every lower bound
-# (scripts/deps_ends.py), .venv-deps-newest takes the newest each range allows; the other
-# dependencies are the newest allowed in both. One end after the other, on one broker.
+# (scripts/deps_ends.py) on the oldest supported Python when one is here (PY310, below),
+# .venv-deps-newest takes the newest each range allows; the other dependencies are the
+# newest allowed in both. One end after the other, on one broker.
 DEPS_TESTS ?= tests/unit tests/broker/test_delivery.py tests/broker/test_publisher_recovery.py \
 	tests/broker/test_worker.py
 test-deps: broker
 	@rc=0; for end in oldest newest; do \
-		venv=.venv-deps-$$end; \
-		[ -x $$venv/bin/python ] || $(BOOT_PYTHON) -m venv $$venv; \
+		venv=.venv-deps-$$end; py="$(BOOT_PYTHON)"; \
+		if [ $$end = oldest ] && [ -n "$(PY310)" ]; then py="$(PY310)"; fi; \
+		want="$$($$py -c 'import sys; print(sys.version_info[:2])')"; \
+		have="$$($$venv/bin/python -c 'import sys; print(sys.version_info[:2])' 2>/dev/null || true)"; \
+		if [ "$$want" != "$$have" ]; then rm -rf $$venv; $$py -m venv $$venv; fi; \
 		$(PY) scripts/deps_ends.py $$end > $$venv/constraints.txt; \
 		$$venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \
 			--upgrade-strategy eager -c $$venv/constraints.txt -e '.[dev]'; \
-		echo "== test-deps, $$end: $$($$venv/bin/python scripts/deps_ends.py --installed $$end) =="; \
+		echo "== test-deps, $$end: $$($$venv/bin/python --version) $$($$venv/bin/python scripts/deps_ends.py --installed $$end) =="; \
 		( $(WITH_BROKER) $$venv/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEPS_TESTS) ) \
 			|| { rc=1; echo "test-deps: FAILED on the $$end versions" >&2; }; \
 	done; exit $$rc
