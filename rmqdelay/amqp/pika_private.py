@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import select
 from collections.abc import Callable
@@ -30,6 +29,8 @@ import pika.connection
 import pika.exceptions
 from pika.adapters import select_connection
 from pika.adapters.blocking_connection import BlockingChannel
+
+from .publishing import CLIENT_FAST_ENV, client_fast
 
 __all__ = [
     "FAST",
@@ -49,7 +50,7 @@ log = logging.getLogger("rmqdelay.pika")
 PIKA_BOUNDS = ((1, 3), (1, 5))
 """The pika versions the fast path was checked on: at least the first, below the second
 (keep equal to ``pyproject.toml``'s pika line)."""
-SWITCH = "RMQDELAY_CLIENT_FAST"
+SWITCH = CLIENT_FAST_ENV
 """The environment variable that, set to ``0``, forces the client libraries' public API."""
 
 _CLASS_ATTRIBUTES: tuple[tuple[type, tuple[str, ...]], ...] = (
@@ -78,7 +79,7 @@ def self_check(version: str | None = None) -> str | None:
 
 
 def _decide() -> bool:
-    if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not client_fast():
         return False  # asked for: no warning
     problem = self_check()
     if problem is not None:
