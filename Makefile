@@ -142,8 +142,8 @@ test-oldest: broker
 # (scripts/deps_ends.py) on the oldest supported Python when one is here (PY310, below),
 # .venv-deps-newest takes the newest each range allows; the other dependencies are the
 # newest allowed in both. One end after the other, on one broker.
-DEPS_TESTS ?= tests/unit tests/broker/test_delivery.py tests/broker/test_publisher_recovery.py \
-	tests/broker/test_worker.py
+DEPS_TESTS ?= tests/unit tests/broker/test_delivery.py tests/broker/test_pika_paths.py \
+	tests/broker/test_publisher_recovery.py tests/broker/test_worker.py
 test-deps: broker
 	@rc=0; for end in oldest newest; do \
 		venv=.venv-deps-$$end; py="$(BOOT_PYTHON)"; \
