@@ -2,7 +2,7 @@
 #
 #   make venv     .venv with the package and its dev extras (redone when pyproject.toml changes)
 #   make broker   make sure a RabbitMQ broker is up (scripts/broker.py)
-#   make lint     ruff + mypy (rmqdelay, tests, bench, scripts: installs the bench extras)
+#   make lint     ruff + mypy (rmqdelay, tests, bench, scripts), with the dev extras alone
 #   make test     lint, then pytest over tests/ with coverage of rmqdelay and its floor
 #                 (PYTEST_ARGS='-k foo -x' passes options through, and lifts the floor)
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
@@ -15,6 +15,8 @@
 #   make cluster-test  kill -9, rolling-restart and partition tests on a local 3-node cluster
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
+#   make bench-compare  publish and worker figures of this tree against BENCH_BASE (a git
+#                 revision, default main), side by side in one run (BENCH_COMPARE_ARGS)
 #   make clean    caches and build output (distclean also removes .venv)
 #
 # The broker comes from scripts/broker.py: $RMQDELAY_URL, else 127.0.0.1:5672, else a
@@ -55,7 +57,7 @@ WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
 	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
 	unset out url mgmt;
 
-.PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench dist clean distclean
+.PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -73,8 +75,9 @@ $(STAMP_BENCH): pyproject.toml $(STAMP_DEV)
 broker: venv
 	@$(PY) scripts/broker.py > /dev/null
 
-# mypy checks bench/ and scripts/ too, bench against the bench extras' own types
-lint: $(STAMP_BENCH)
+# mypy checks bench/ and scripts/ too; the bench extras' libraries are typed as Any when
+# they are not installed (pyproject's mypy overrides), so the dev extras suffice
+lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
@@ -88,7 +91,7 @@ unit: venv
 	$(VENV)/bin/pytest -q -m unit tests/unit $(PYTEST_ARGS)
 
 # The whole suite against RabbitMQ 4.0 (Debian trixie's package) in a chroot on :5682,
-# built once under /var/cache/rmqdelay (scripts/brokers/rmq4.py); the node stops after.
+# built once (where: scripts/brokers/rmq4.py, RMQDELAY_RMQ4_ROOT); the node stops after.
 RMQ4_ENV = RMQDELAY_URL=amqp://guest:guest@127.0.0.1:5682/%2F RMQDELAY_MANAGEMENT_URL=http://127.0.0.1:15682
 test-rmq4: venv
 	@$(PY) scripts/broker.py rmq4 start > /dev/null; \
@@ -104,7 +107,7 @@ rmq4-stop:
 # the chroot; cluster-test starts it, runs the failover tests (kill -9 of a node, a
 # rolling restart, a 30 s partition of the clients' node and of another, made with
 # nftables: scripts/brokers/partition.py; about 5 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
-# rabbitmq-server 3.10 on 5701-5703 (data under /var/tmp/rmqdelay-cluster), whose
+# rabbitmq-server 3.10 on 5701-5703 (data: scripts/brokers/cluster.py), whose
 # dead-letter worker can strand messages in the rolling restart (fixed in 3.10.20).
 CLUSTER_RABBITMQ ?= 4
 CLUSTER = $(PY) scripts/broker.py cluster --rabbitmq $(CLUSTER_RABBITMQ)
@@ -126,9 +129,11 @@ cluster-test: venv
 	$(CLUSTER) stop || rc=1; \
 	exit $$rc
 
-# The oldest supported Python (3.10), when one is installed: the pure core, the
-# publishers and the worker, in a venv of its own (pip may pick older dependencies).
-PY310 ?= $(shell for p in python3.10 $$(ls -d /root/.pyenv/versions/3.10*/bin/python 2>/dev/null); do \
+# The oldest supported Python (3.10), when one is installed (on PATH, or a pyenv version
+# under PYENV_ROOT): the pure core, the publishers and the worker, in a venv of its own
+# (pip may pick older dependencies).
+PYENV_ROOT ?= $(HOME)/.pyenv
+PY310 ?= $(shell for p in python3.10 $$(ls -d $(PYENV_ROOT)/versions/3.10*/bin/python 2>/dev/null); do \
 	$$p -c 'import sys; sys.exit(sys.version_info[:2] != (3, 10))' 2>/dev/null && { echo $$p; break; }; done)
 test-oldest: broker
 	@if [ -z "$(PY310)" ]; then echo "test-oldest: no Python 3.10 here; skipped"; exit 0; fi; \
@@ -165,6 +170,12 @@ demo: venv
 
 bench: $(STAMP_BENCH) broker
 	$(PY) scripts/broker.py --quiet --run -- $(PY) -m bench $(BENCH_ARGS)
+
+# Needs no bench extra: raw pika and aio-pika (the references) are the package's own deps.
+BENCH_BASE ?= main
+BENCH_COMPARE_ARGS ?=
+bench-compare: venv broker
+	$(PY) scripts/broker.py --quiet --run -- $(PY) -m bench compare $(BENCH_BASE) $(BENCH_COMPARE_ARGS)
 
 # A wheel in dist/: rmqdelay is not on PyPI yet, so this is how to install it elsewhere.
 dist: venv

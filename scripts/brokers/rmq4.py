@@ -35,7 +35,18 @@ __all__ = [
     "stop",
 ]
 
-ROOT = Path(os.environ.get("RMQDELAY_RMQ4_ROOT", "/var/cache/rmqdelay/rabbitmq4-trixie"))
+
+def _default_root() -> Path:
+    """Only root can build and enter a chroot, so its cache is the system's (FHS); anyone
+    else's would be their XDG cache."""
+    if os.geteuid() == 0:
+        base = Path("/var/cache")
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "rmqdelay" / "rabbitmq4-trixie"
+
+
+ROOT = Path(os.environ.get("RMQDELAY_RMQ4_ROOT") or _default_root())
 """The chroot; set RMQDELAY_RMQ4_ROOT to keep it elsewhere. Reused when present."""
 AMQP_PORT = 5682
 MANAGEMENT_PORT = 15682
