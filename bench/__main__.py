@@ -4,8 +4,9 @@ Commands:
   (none)  the whole suite (``bench.suite``): ``python -m bench``, ``python -m bench --quick``,
           ``python -m bench --only publish,e2e --scale-messages 0`` (``--help`` lists flags)
   report  plots and the README "Performance" section from bench/results/*.json
-  peers   the peer designs alone (``bench.scenarios_peers``): ``python -m bench peers --quick``
   startup how fast ``rmqdelay`` starts (``bench.startup``): ``python -m bench startup``
+  compare this tree's publish and worker figures against a git revision's, side by side
+          (``bench.compare``): ``python -m bench compare main``
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ def main(argv: list[str]) -> int:
         from bench.suite import main as suite_main
 
         return suite_main(rest)
-    if command == "peers":
-        from bench.scenarios_peers import main as peers_main
+    if command == "compare":
+        from bench.compare import main as compare_main
 
-        return peers_main(rest)
+        return compare_main(rest)
     if command == "startup":
         from bench.startup import main as startup_main
 

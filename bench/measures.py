@@ -1,0 +1,485 @@
+"""Publish and worker measures, each under a short stable key, on public APIs only.
+
+rmqdelay is driven through what ``rmqdelay`` exports (``Publisher``, ``AsyncPublisher``,
+``Worker``, ``TopologyManager``, ``Settings``); the references through pika's and aio-pika's
+public APIs. So the same code measures any source tree of rmqdelay (``bench.compare``).
+
+Every publish sends 100-byte bodies, persistent, mandatory, with confirms and the same
+window in flight. The references publish into one plain queue: raw pika (its asynchronous
+adapter, pipelined confirms), raw pika waiting for each confirm (for one ``publish()``),
+raw aio-pika (for the async publisher). ``long`` delays are 10 min to 1 h (nothing moves
+during the run); ``short`` is delay 0 (straight to the work queue: rmqdelay's client work
+without the tiers). ``worker.drain.noop``: 20,000 messages already due, drained by
+``rmqdelay.Worker`` with a no-op handler, first to last handled.
+
+    python -m bench.measures --count 5000 --repeats 3     # every measure, alternating
+    python -m bench.measures --keys publish.sync.many.long,worker.drain.noop --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+import pika
+import pika.channel
+import pika.frame
+import pika.spec
+
+from bench.common import DEFAULT_AMQP_URL, CpuMeter, broker_pid, idle_cpu_rate
+from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyManager, Worker
+
+BODY = b"x" * 100
+DEST = "bench"
+SINGLE_SHARE = 5
+"""The single-publish measures send count / SINGLE_SHARE messages: one round trip each."""
+
+
+@dataclass
+class Sizes:
+    count: int = 5000
+    window: int = 500
+    drain: int = 20_000
+    concurrency: int = 64
+    prefetch: int = 256
+
+    @property
+    def single(self) -> int:
+        return max(1, self.count // SINGLE_SHARE)
+
+
+@dataclass
+class Run:
+    """One timed run: messages, wall seconds and this process's CPU seconds."""
+
+    count: int
+    wall: float
+    cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.wall
+
+
+class Timed:
+    """Wall and client-CPU seconds of a block (CPU: this whole process, every thread)."""
+
+    def __enter__(self) -> Timed:
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self._wall
+        self.cpu = time.process_time() - self._cpu
+
+    def run(self, count: int) -> Run:
+        return Run(count, self.wall, self.cpu)
+
+
+# ---------------------------------------------------------------------- the references
+
+
+def _plain_queue() -> str:
+    return f"bench-plain-{uuid.uuid4().hex[:6]}"
+
+
+def _props() -> pika.BasicProperties:
+    return pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
+
+
+def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
+    """pika's asynchronous adapter (``SelectConnection``): publish while fewer than
+    ``window`` confirms are outstanding, the way a pipelining client does."""
+    name = _plain_queue()
+    pending: set[int] = set()
+    failed: list[str] = []
+    state: dict[str, Any] = {"sent": 0}
+    timed = Timed()
+
+    def on_open(connection: pika.SelectConnection) -> None:
+        connection.channel(on_open_callback=on_channel)
+
+    def on_channel(channel: pika.channel.Channel) -> None:
+        channel.add_on_return_callback(lambda *_a: failed.append("returned"))
+        channel.queue_declare(
+            name,
+            durable=True,
+            arguments={"x-queue-type": queue_type},
+            callback=lambda _f: channel.confirm_delivery(
+                lambda frame: on_confirm(channel, frame), callback=lambda _f: start(channel)
+            ),
+        )
+
+    def start(channel: pika.channel.Channel) -> None:
+        timed.__enter__()
+        fill(channel)
+
+    def fill(channel: pika.channel.Channel) -> None:
+        while state["sent"] < count and len(pending) < window:
+            channel.basic_publish("", name, BODY, _props(), mandatory=True)
+            state["sent"] += 1
+            pending.add(state["sent"])
+
+    def on_confirm(channel: pika.channel.Channel, frame: pika.frame.Method[Any]) -> None:
+        method = frame.method
+        tag = method.delivery_tag
+        pending.difference_update([t for t in pending if t <= tag] if method.multiple else [tag])
+        if isinstance(method, pika.spec.Basic.Nack):
+            failed.append("nack")
+        if pending or state["sent"] < count:
+            fill(channel)
+            return
+        timed.__exit__()
+        channel.queue_delete(name, callback=lambda _f: channel.connection.close())
+
+    connection = pika.SelectConnection(
+        pika.URLParameters(url),
+        on_open_callback=on_open,
+        on_open_error_callback=lambda _c, exc: failed.append(f"open: {exc}"),
+        on_close_callback=lambda c, _exc: c.ioloop.stop(),
+    )
+    connection.ioloop.start()
+    if failed or state["sent"] < count:
+        raise RuntimeError(f"raw pika: {failed[:1] or 'stopped early'}")
+    return timed.run(count)
+
+
+def raw_pika_single(url: str, count: int, queue_type: str) -> Run:
+    """One confirm per publish: ``BlockingChannel`` waits for each, as ``publish()`` does."""
+    name = _plain_queue()
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})
+        channel.confirm_delivery()
+        with Timed() as t:
+            for _ in range(count):
+                channel.basic_publish("", name, BODY, _props(), mandatory=True)
+        channel.queue_delete(name)
+        return t.run(count)
+    finally:
+        if connection.is_open:
+            connection.close()
+
+
+async def raw_aio_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
+    """Confirmed, mandatory, persistent publishes to one plain queue, a window at a time."""
+    name = _plain_queue()
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
+        exchange = channel.default_exchange
+
+        async def one() -> None:
+            message = aio_pika.Message(
+                BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=str(uuid.uuid4())
+            )
+            await exchange.publish(message, routing_key=name, mandatory=True)
+
+        with Timed() as t:
+            for base in range(0, count, window):
+                await asyncio.gather(*(one() for _ in range(base, min(count, base + window))))
+        await channel.queue_delete(name)
+        return t.run(count)
+    finally:
+        await connection.close()
+
+
+# ---------------------------------------------------------------------- rmqdelay
+
+
+def requests(count: int, seed: int, delay: bool = True) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [
+        {"destination": DEST, "body": BODY, "delay": rng.uniform(600, 3600) if delay else 0}
+        for _ in range(count)
+    ]
+
+
+def sync_many(settings: Settings, count: int, window: int, delay: bool) -> Run:
+    with Publisher(settings, window=window) as publisher:
+        batch = requests(count, 2, delay)
+        with Timed() as t:
+            publisher.publish_many(batch)
+        return t.run(count)
+
+
+async def async_many(settings: Settings, count: int, window: int, delay: bool) -> Run:
+    async with AsyncPublisher(settings, window=window) as publisher:
+        batch = requests(count, 1, delay)
+        with Timed() as t:
+            await publisher.publish_many(batch)
+        return t.run(count)
+
+
+def sync_single(settings: Settings, count: int) -> Run:
+    """``publish()`` one message at a time: one confirm per call."""
+    with Publisher(settings) as publisher:
+        batch = requests(count, 4)
+        with Timed() as t:
+            for request in batch:
+                publisher.publish(**request)
+        return t.run(count)
+
+
+async def worker_drain(settings: Settings, count: int, concurrency: int, prefetch: int) -> Run:
+    """``count`` messages already due in the work queue, drained by ``rmqdelay.Worker`` with
+    a no-op async handler: timed from the first handled to the last (not the start-up)."""
+    await asyncio.to_thread(sync_many, settings, count, 2000, False)
+    app = Worker(settings)
+    handled: list[float] = []
+    cpu: list[float] = []
+    done = asyncio.Event()
+
+    @app.handler(DEST, max_attempts=1)
+    async def noop(body: bytes) -> None:
+        handled.append(time.perf_counter())
+        if len(handled) == 1:
+            cpu.append(time.process_time())
+        if len(handled) >= count:
+            cpu.append(time.process_time())
+            done.set()
+
+    async with app.running(settings, concurrency=concurrency, prefetch=prefetch):
+        await asyncio.wait_for(done.wait(), timeout=max(120.0, count / 100))
+    return Run(count - 1, handled[-1] - handled[0], cpu[-1] - cpu[0])
+
+
+# ---------------------------------------------------------------------- the keys
+
+
+Measure = Callable[["Bench"], Awaitable[Run]]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A measure: its key, what it is (one line, for tables), its reference's key."""
+
+    key: str
+    what: str
+    reference: str | None
+    run: Measure
+    unit: str = "msgs/s"
+
+
+@dataclass
+class Bench:
+    """The broker, the sizes and the two settings (journal on, off) every measure shares."""
+
+    url: str
+    sizes: Sizes
+    queue_type: str = "quorum"
+    prefix: str = field(default_factory=lambda: f"bench-m-{uuid.uuid4().hex[:6]}")
+
+    def settings(self, journal: bool = True) -> Settings:
+        return Settings(
+            url=self.url,
+            prefix=self.prefix,
+            queue_type=self.queue_type,
+            destinations=[],
+            schedule_journal=journal,
+        )
+
+
+def _thread(fn: Callable[..., Run], *args: Any) -> Awaitable[Run]:
+    return asyncio.to_thread(fn, *args)
+
+
+RAW_PIKA, RAW_AIO, RAW_SINGLE = (
+    "publish.raw.pika.many",
+    "publish.raw.aiopika.many",
+    ("publish.raw.pika.single"),
+)
+SPECS: tuple[Spec, ...] = (
+    Spec(
+        RAW_PIKA,
+        "raw pika",
+        None,
+        lambda b: _thread(raw_pika_many, b.url, b.sizes.count, b.sizes.window, b.queue_type),
+    ),
+    Spec(
+        RAW_AIO,
+        "raw aio-pika",
+        None,
+        lambda b: raw_aio_pika_many(b.url, b.sizes.count, b.sizes.window, b.queue_type),
+    ),
+    Spec(
+        "publish.sync.many.long",
+        "rmqdelay sync",
+        RAW_PIKA,
+        lambda b: _thread(sync_many, b.settings(), b.sizes.count, b.sizes.window, True),
+    ),
+    Spec(
+        "publish.sync.many.long.nojournal",
+        "rmqdelay sync, journal off",
+        RAW_PIKA,
+        lambda b: _thread(sync_many, b.settings(False), b.sizes.count, b.sizes.window, True),
+    ),
+    Spec(
+        "publish.sync.many.short",
+        "rmqdelay sync, delay 0",
+        RAW_PIKA,
+        lambda b: _thread(sync_many, b.settings(), b.sizes.count, b.sizes.window, False),
+    ),
+    Spec(
+        "publish.async.many.long",
+        "rmqdelay async",
+        RAW_AIO,
+        lambda b: async_many(b.settings(), b.sizes.count, b.sizes.window, True),
+    ),
+    Spec(
+        "publish.async.many.long.nojournal",
+        "rmqdelay async, journal off",
+        RAW_AIO,
+        lambda b: async_many(b.settings(False), b.sizes.count, b.sizes.window, True),
+    ),
+    Spec(
+        "publish.async.many.short",
+        "rmqdelay async, delay 0",
+        RAW_AIO,
+        lambda b: async_many(b.settings(), b.sizes.count, b.sizes.window, False),
+    ),
+    Spec(
+        RAW_SINGLE,
+        "raw pika, one confirm per publish",
+        None,
+        lambda b: _thread(raw_pika_single, b.url, b.sizes.single, b.queue_type),
+    ),
+    Spec(
+        "publish.sync.single",
+        "rmqdelay sync publish(), one at a time",
+        RAW_SINGLE,
+        lambda b: _thread(sync_single, b.settings(), b.sizes.single),
+    ),
+    Spec(
+        "publish.sync.single.nojournal",
+        "rmqdelay sync publish(), journal off",
+        RAW_SINGLE,
+        lambda b: _thread(sync_single, b.settings(False), b.sizes.single),
+    ),
+    Spec(
+        "worker.drain.noop",
+        "rmqdelay.Worker, messages already due, no-op handler",
+        None,
+        lambda b: worker_drain(b.settings(), b.sizes.drain, b.sizes.concurrency, b.sizes.prefetch),
+    ),
+)
+BY_KEY = {spec.key: spec for spec in SPECS}
+COMPARED = (
+    RAW_PIKA,
+    "publish.sync.many.long",
+    "publish.sync.many.short",
+    "publish.async.many.long",
+    "publish.sync.single",
+    "worker.drain.noop",
+)
+"""What ``bench.compare`` runs by default: the issue's publish and worker figures."""
+
+
+async def run(
+    bench: Bench, keys: tuple[str, ...], repeats: int, warmup: int = 0
+) -> dict[str, dict[str, Any]]:
+    """Every measure once per round, alternating, on one topology; per key: the runs, their
+    median, its ratio to the reference's median, client and broker CPU per message."""
+    specs = [BY_KEY[key] for key in keys]
+    runs: dict[str, list[Run]] = {spec.key: [] for spec in specs}
+    broker_us: dict[str, list[float]] = {spec.key: [] for spec in specs}
+    pid = broker_pid(bench.url)
+    settings = bench.settings()
+    with TopologyManager(settings) as manager:
+        manager.apply([DEST])
+        try:
+            if warmup:  # untimed: connections, channels and fresh queues warm up
+                small = Bench(
+                    bench.url, Sizes(warmup, bench.sizes.window, warmup), prefix=bench.prefix
+                )
+                for spec in specs:
+                    await spec.run(small)
+            for _ in range(repeats):
+                for spec in specs:
+                    idle = await idle_cpu_rate(pid)  # the broker is shared: its background
+                    with CpuMeter({"broker": pid}) as meter:
+                        one = await spec.run(bench)
+                    runs[spec.key].append(one)
+                    used = meter.result.get("broker_cpu_s")
+                    if used is not None and idle is not None:
+                        used -= idle * meter.result["wall_s"]
+                        broker_us[spec.key].append(round(used / one.count * 1e6, 1))
+        finally:
+            manager.destroy([DEST], force=True)
+    figures: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        rates = [round(r.rate, 1) for r in runs[spec.key]]
+        figures[spec.key] = {
+            "value": round(statistics.median(rates), 1),
+            "unit": spec.unit,
+            "what": spec.what,
+            "runs": rates,
+            "client_cpu_us": round(
+                statistics.median(r.cpu / r.count * 1e6 for r in runs[spec.key]), 1
+            ),
+            "broker_cpu_us": round(statistics.median(broker_us[spec.key]), 1)
+            if broker_us[spec.key]
+            else None,
+            "count": runs[spec.key][0].count,
+        }
+    for spec in specs:
+        if spec.reference in figures:
+            ref = figures[spec.reference]["value"]
+            figures[spec.key]["to"] = spec.reference
+            figures[spec.key]["ratio"] = round(figures[spec.key]["value"] / ref, 3)
+    return figures
+
+
+def print_figures(figures: dict[str, dict[str, Any]]) -> None:
+    for key, f in figures.items():
+        ratio = f" ratio {f['ratio']:.2f} to {f['to']}" if "ratio" in f else ""
+        runs = ", ".join(f"{r:,.0f}" for r in f["runs"])
+        print(
+            f"{key:34} {f['value']:>9,.0f} {f['unit']}{ratio}  client {f['client_cpu_us']:.0f}"
+            f" µs/msg, broker {f['broker_cpu_us'] or 0:.0f}  ({runs})"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.measures", description=__doc__)
+    parser.add_argument("--url", default=DEFAULT_AMQP_URL)
+    parser.add_argument("--keys", default=",".join(spec.key for spec in SPECS))
+    parser.add_argument("--count", type=int, default=5000)
+    parser.add_argument("--drain", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--window", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    keys = tuple(k.strip() for k in args.keys.split(",") if k.strip())
+    unknown = [k for k in keys if k not in BY_KEY]
+    if unknown:
+        parser.error(f"unknown keys {unknown}; known: {', '.join(BY_KEY)}")
+    logging.basicConfig(level=logging.WARNING)
+    bench = Bench(args.url, Sizes(args.count, args.window, args.drain))
+    figures = asyncio.run(run(bench, keys, args.repeats, args.warmup))
+    if args.json:
+        import rmqdelay
+
+        json.dump({"rmqdelay": rmqdelay.__file__, "figures": figures}, sys.stdout)
+        print()
+    else:
+        print_figures(figures)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
