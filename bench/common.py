@@ -379,3 +379,37 @@ def machine_load(window_s: float = 3.0) -> dict[str, Any]:
         "busy_percent": busy,
         "loadavg": [round(v, 2) for v in os.getloadavg()],
     }
+
+
+class Management:
+    """The bench's own management API client (the package's is not public): the API named
+    by ``RMQDELAY_MANAGEMENT_URL``, else the AMQP host on :15672, with the AMQP URL's user."""
+
+    def __init__(self, amqp_url: str, timeout: float = 30.0) -> None:
+        import base64
+        from urllib.parse import unquote, urlsplit
+
+        amqp = urlsplit(amqp_url)
+        api = os.environ.get("RMQDELAY_MANAGEMENT_URL", "").split(",")[0].strip()
+        self.base = api.rstrip("/") or f"http://{amqp.hostname or 'localhost'}:15672"
+        user, password = unquote(amqp.username or "guest"), unquote(amqp.password or "guest")
+        self._auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.vhost = unquote(amqp.path[1:]) if len(amqp.path) > 1 else "/"
+        self.timeout = timeout
+
+    def call(self, method: str, path: str) -> Any:
+        """``method`` on ``/api/{path}``; its JSON decoded (None for an empty answer)."""
+        import json
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"{self.base}/api/{path}",
+            method=method,
+            headers={"Authorization": f"Basic {self._auth}", "X-Reason": "rmqdelay bench"},
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def get(self, path: str) -> Any:
+        return self.call("GET", path)

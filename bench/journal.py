@@ -1,12 +1,11 @@
 """What the schedule journal costs and guarantees, measured side by side in one run.
 
     python -m bench.journal                      # everything, the figures the README shows
-    python -m bench.journal --only rate,lead     # parts: rate, list, memory, lead
+    python -m bench.journal --only rate,lead     # parts: rate, list, lead
 
 - ``rate``: ``Publisher.publish_many`` with the journal on and off, alternating rounds into
   two prefixes of the same layout; the median of each and their ratio.
 - ``list``: ``scheduled list`` (the Python call and the CLI) over N journal records.
-- ``memory``: a worker's bytes per tombstone (tracemalloc over :class:`Tombstones`).
 - ``lead``: the smallest lead, cancel confirmed to due time, at which a running worker
   honoured every one of 1,000 cancels (batches of 1,000 messages due at one instant).
 
@@ -24,18 +23,13 @@ import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import pika
-
 from bench.common import DEFAULT_AMQP_URL, now_ms
 from rmqdelay import Publisher, Settings, TopologyManager, Worker
-from rmqdelay.amqp.journal import cancel, list_scheduled
-from rmqdelay.core.journal import JournalRecord, Tombstones
 
 RESULTS = Path(__file__).resolve().parent / "results" / "journal.json"
 BODY = b"x" * 100
@@ -123,13 +117,10 @@ def measure_list(url: str, records: int, repeats: int) -> dict[str, Any]:
         }
         rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))
         for _ in range(repeats):
-            connection = pika.BlockingConnection(
-                pika.URLParameters(settings.url.get_secret_value())
-            )
-            started = time.perf_counter()
-            found = list_scheduled(connection, settings.layout)
-            python_s.append(time.perf_counter() - started)
-            connection.close()
+            with Publisher(settings) as publisher:
+                started = time.perf_counter()
+                found = publisher.list_scheduled()
+                python_s.append(time.perf_counter() - started)
             assert len(found) == records, f"listed {len(found)} of {records}"
             started = time.perf_counter()
             subprocess.run(
@@ -153,27 +144,6 @@ def measure_list(url: str, records: int, repeats: int) -> dict[str, Any]:
     return result
 
 
-# ------------------------------------------------------------------ memory
-
-
-def measure_memory(count: int) -> dict[str, Any]:
-    ids = [str(uuid.uuid4()) for _ in range(count)]  # ids made before, as a worker gets them
-    tracemalloc.start()
-    before = tracemalloc.take_snapshot()
-    stones = Tombstones()
-    for i, message_id in enumerate(ids):
-        stones.add(JournalRecord("cancelled", message_id, "d", 10**12 + i))
-    after = tracemalloc.take_snapshot()
-    tracemalloc.stop()
-    grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-    result = {"tombstones": count, "bytes_per_tombstone": grown / count}
-    print(
-        f"memory: {result['bytes_per_tombstone']:.0f} bytes per tombstone in a worker "
-        f"({count:,} tombstones, uuid ids; the id strings themselves not counted)"
-    )
-    return result
-
-
 # ------------------------------------------------------------------ lead
 
 
@@ -189,15 +159,12 @@ def _cancel_trial(settings: Settings, app_calls: list[str], lead_ms: int, n: int
     due_ms = sent[0].due_at_ms
     # start the cancel so that it is confirmed about lead_ms before the due time: a cancel
     # of n ids takes a while itself, so measure it once and start that much earlier
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
-    try:
+    with Publisher(settings) as publisher:
         start_at = due_ms - lead_ms - _cancel_cost_ms.get(n, 0)
         time.sleep(max(0.0, (start_at - now_ms()) / 1000))
         started = now_ms()
-        results = cancel(connection, settings.layout, ids)
+        results = publisher.cancel(*ids)
         confirmed = now_ms()
-    finally:
-        connection.close()
     _cancel_cost_ms[n] = confirmed - started
     time.sleep(max(0.0, (due_ms - now_ms()) / 1000) + 2.0)
     called = len(set(app_calls) & set(ids))
@@ -266,11 +233,10 @@ def measure_lead(url: str, leads: list[int], n: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=DEFAULT_AMQP_URL)
-    parser.add_argument("--only", default="rate,list,memory,lead")
+    parser.add_argument("--only", default="rate,list,lead")
     parser.add_argument("--count", type=int, default=20_000, help="messages per rate round")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--records", type=int, default=100_000, help="journal records to list")
-    parser.add_argument("--tombstones", type=int, default=100_000)
     parser.add_argument("--leads", default="500,200,100,50,20,10,5", help="target leads, ms")
     parser.add_argument("--lead-messages", type=int, default=1000)
     args = parser.parse_args(argv)
@@ -282,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         results["rate"] = measure_rate(args.url, args.count, args.repeats)
     if "list" in parts:
         results["list"] = measure_list(args.url, args.records, args.repeats)
-    if "memory" in parts:
-        results["memory"] = measure_memory(args.tombstones)
     if "lead" in parts:
         leads = [int(x) for x in args.leads.split(",")]
         results["lead"] = measure_lead(args.url, leads, args.lead_messages)

@@ -17,7 +17,7 @@ from collections import defaultdict
 from bench.common import DEFAULT_AMQP_URL, percentile
 from bench.peers.rmqdelay_peer import DESTINATION, RmqdelayPeer
 from bench.scenarios_peers import Sizes, steady_run
-from rmqdelay.core.plan import plan_delay
+from rmqdelay import plan_delay
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import random
 import secrets
@@ -35,7 +34,7 @@ from typing import Any
 
 import pika
 
-from bench.common import DEFAULT_AMQP_URL
+from bench.common import DEFAULT_AMQP_URL, Management
 from rmqdelay import (
     AsyncPublisher,
     BatchPublishError,
@@ -44,7 +43,6 @@ from rmqdelay import (
     Settings,
     TopologyManager,
 )
-from rmqdelay.amqp.management import management_location
 
 DEST = "recovery"
 
@@ -88,23 +86,13 @@ class Killer:
     """Closes the publisher's connection through the management API, once, in a thread."""
 
     def __init__(self, settings: Settings, connection_name: str, run: Run) -> None:
-        self.base, user, password = management_location(
-            settings.urls[0], settings.management_urls[0] if settings.management_urls else None
-        )
-        self.auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.api = Management(settings.urls[0], timeout=10)
         self.connection_name = connection_name
         self.run = run
         self.thread: threading.Thread | None = None
 
     def _call(self, method: str, path: str) -> Any:
-        request = urllib.request.Request(
-            f"{self.base}/api/{path}",
-            method=method,
-            headers={"Authorization": f"Basic {self.auth}", "X-Reason": "bench: kill"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            body = response.read()
-        return json.loads(body) if body else None
+        return self.api.call(method, path)
 
     def _kill(self) -> None:
         deadline = time.monotonic() + 15  # the API lists a new connection after a while

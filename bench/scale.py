@@ -37,19 +37,19 @@ from urllib.parse import quote
 from bench.common import (
     DEFAULT_AMQP_URL,
     CpuMeter,
+    Management,
     broker_pid,
     idle_cpu_rate,
     lateness_stats,
     now_ms,
 )
+from bench.measures import raw_aio_pika_many
 from bench.peers.rmqdelay_peer import RmqdelayPeer
-from bench.publish_rate import LAST_CPU_US, raw_aio_pika_rate
-from rmqdelay.amqp.management import ManagementApi
 
 RABBIT_DATA = os.environ.get("BENCH_RABBIT_DATA", "/var/lib/rabbitmq/mnesia")
 
 
-class Management(ManagementApi):
+class ScaleApi(Management):
     """The few management API reads the scale workload needs (credentials from the URL)."""
 
     def __init__(self, amqp_url: str, timeout: float = 30.0) -> None:
@@ -139,8 +139,9 @@ def _progress(msg: str) -> None:
 async def _reference(url: str, chunks: int, chunk: int, queue_type: str) -> dict[str, Any]:
     rates, cpu = [], []
     for _ in range(chunks):
-        rates.append(round(await raw_aio_pika_rate(url, chunk, 500, queue_type), 1))
-        cpu.append(round(LAST_CPU_US["aio-pika"], 1))
+        run = await raw_aio_pika_many(url, chunk, 500, queue_type)
+        rates.append(round(run.rate, 1))
+        cpu.append(round(run.cpu / run.count * 1e6, 1))
     return {"rates": rates, "median": statistics.median(rates), "cpu_us_per_msg": cpu}
 
 
@@ -162,7 +163,7 @@ async def run_scale(
     chunk = max(1, min(chunk, messages))
     n_chunks = math.ceil(messages / chunk)
     levels = sorted({0, min(100_000, messages), messages} | {messages * k // 10 for k in range(11)})
-    api = Management(url)
+    api = ScaleApi(url)
     peer = RmqdelayPeer(
         url,
         queue_type,

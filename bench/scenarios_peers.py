@@ -1,7 +1,4 @@
-"""Run the peer designs through the same scenarios and write one JSON file.
-
-    .venv/bin/python -m bench.scenarios_peers --quick           # tiny sizes, ~3 min
-    .venv/bin/python -m bench.scenarios_peers --peers naive,plain --n-publish 5000 ...
+"""The scenarios the suite runs every peer design through (``python -m bench``).
 
 Scenarios (each on a fresh peer instance: setup -> scenario -> teardown in ``finally``):
 
@@ -29,34 +26,24 @@ The scenario functions take a zero-argument peer factory, so any other
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import math
-import os
 import random
-import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    DEFAULT_AMQP_URL,
     Record,
     Stopwatch,
-    broker_info,
     delivery_rate,
     due_delivery_rate,
     lateness_stats,
-    machine_info,
     median_of,
     now_ms,
     rate_per_s,
 )
-from bench.peers import PEER_NAMES, make_peer
 from bench.peers.base import Item, Peer
 
 PeerFactory = Callable[[], Peer]
@@ -219,42 +206,7 @@ async def steady_run(
     return summary, records
 
 
-async def scenario_steady(factory: PeerFactory, sizes: Sizes) -> dict[str, Any]:
-    async def body(peer: Peer) -> dict[str, Any]:
-        summary, _records = await steady_run(peer, sizes)
-        return summary
-
-    return dict(await with_peer(factory, body))
-
-
-# ---------------------------------------------------------------- whole run
-
-
-async def run_peer(name: str, factory: PeerFactory, sizes: Sizes) -> dict[str, Any]:
-    probe = factory()  # not set up: only for name/description/supports_delay
-    out: dict[str, Any] = {
-        "name": probe.name,
-        "description": probe.description,
-        "supports_delay": probe.supports_delay,
-    }
-    delays = probe.supports_delay
-    scenarios: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
-        ("seeds", lambda: scenario_seeds(factory, sizes.drain_slack_s)),
-        ("publish_rate", lambda: scenario_publish_rate(factory, sizes, drain=not delays)),
-        ("steady", lambda: scenario_steady(factory, sizes)),
-    ]
-    for key, coro_fn in scenarios:
-        if key == "seeds" and not probe.supports_delay:
-            out[key] = None
-            continue
-        t = time.perf_counter()
-        print(f"  {name}: {key} ...", file=sys.stderr, flush=True)
-        try:
-            out[key] = await coro_fn()
-        except Exception as exc:  # one failing scenario must not sink the whole run
-            out[key] = {"error": f"{exc.__class__.__name__}: {exc}"}
-        print(f"  {name}: {key} done in {time.perf_counter() - t:.1f}s", file=sys.stderr)
-    return out
+# ---------------------------------------------------------------- extras
 
 
 async def run_extras(names: list[str], sizes: Sizes, url: str, queue_type: str) -> dict[str, Any]:
@@ -299,163 +251,3 @@ async def run_extras(names: list[str], sizes: Sizes, url: str, queue_type: str) 
             },
         }
     return extras
-
-
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    sizes = Sizes.quick() if args.quick else Sizes()
-    overridable = ("n_publish", "warmup", "repeats", "rate", "duration_s",
-                   "min_delay_ms", "max_delay_ms", "kill9_n", "memory_n")  # fmt: skip
-    for field in overridable:
-        value = getattr(args, field)
-        if value is not None:
-            setattr(sizes, field, value)
-    names = (
-        [n.strip() for n in args.peers.split(",") if n.strip()] if args.peers else list(PEER_NAMES)
-    )
-    for n in names:
-        if n not in PEER_NAMES:
-            raise SystemExit(f"unknown peer {n!r}; known: {', '.join(PEER_NAMES)}")
-    result: dict[str, Any] = {
-        "started_at_ms": now_ms(),
-        "machine": machine_info(),
-        "broker": await broker_info(args.url),
-        "queue_type": args.queue_type,
-        "sizes": asdict(sizes),
-        "peers": {},
-    }
-    for name in names:
-        print(f"peer {name}", file=sys.stderr, flush=True)
-
-        def factory(name: str = name) -> Peer:
-            return make_peer(name, url=args.url, queue_type=args.queue_type)
-
-        result["peers"][name] = await run_peer(name, factory, sizes)
-    result["extras"] = await run_extras(names, sizes, args.url, args.queue_type)
-    result["finished_at_ms"] = now_ms()
-    return result
-
-
-# ---------------------------------------------------------------- table
-
-
-def _fmt(v: Any, nd: int = 0) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, (int, float)):
-        return f"{v:,.{nd}f}"
-    return str(v)
-
-
-def format_table(result: dict[str, Any]) -> str:
-    head = (
-        f"{'peer':<30} {'seeds order (s)':<15} {'seed late p50/max':>17} "
-        f"{'pub/s':>8} {'steady p50':>10} {'p99':>7} {'max':>7} {'early':>5} {'miss':>4}"
-    )
-    lines = [head, "-" * len(head)]
-    for peer in result["peers"].values():
-        seeds = peer.get("seeds") or {}
-        if "error" in seeds:
-            order, seed_late = "ERROR", "-"
-        elif seeds:
-            order = ",".join(m.split("-")[1].rstrip("s") for m in seeds["arrival_order"])
-            st = seeds["stats"]
-            seed_late = f"{_fmt(st['p50_ms'])}/{_fmt(st['max_ms'])}"
-        else:
-            order, seed_late = "n/a", "-"
-        pr = peer.get("publish_rate") or {}
-        pub = "ERROR" if "error" in pr else _fmt(pr.get("publish_rate_per_s"))
-        sd = peer.get("steady") or {}
-        if "error" in sd:
-            cells = ["ERROR", "-", "-", "-", "-"]
-        else:
-            s = sd.get("stats", {})
-            cells = [_fmt(s.get("p50_ms")), _fmt(s.get("p99_ms")), _fmt(s.get("max_ms")),
-                     _fmt(s.get("early")), _fmt(s.get("missing"))]  # fmt: skip
-        lines.append(
-            f"{peer['name']:<30} {order:<15} {seed_late:>17} {pub:>8} "
-            f"{cells[0]:>10} {cells[1]:>7} {cells[2]:>7} {cells[3]:>5} {cells[4]:>4}"
-        )
-        if not peer["supports_delay"] and "publish_consume_rate_per_s" in pr:
-            lines.append(
-                f"{'':<30} publish+consume {_fmt(pr['publish_consume_rate_per_s'])}/s, "
-                f"latency p50 {_fmt(pr['latency']['p50_ms'])} ms (steady cols = latency)"
-            )
-    extras = result.get("extras", {})
-    ppo = extras.get("plain_publish_only")
-    if ppo:
-        lines.append(
-            f"plain publish-only (no consumer): {_fmt(ppo.get('publish_rate_per_s'))} msgs/s "
-            f"confirmed"
-        )
-    for k in extras.get("redis_kill9", []):
-        lines.append(
-            f"redis kill -9 [{k['mode']}]: wrote {k['written']}, survived {k['survived']}, "
-            f"lost {k['lost']}"
-        )
-    if "dramatiq" in extras:
-        m = extras["dramatiq"]["memory"]
-        ct = extras["dramatiq"]["consumer_timeout"]
-        lines.append(
-            f"dramatiq-style: holding {m['held_unacked']} unacked -> RSS +{m['rss_growth_kb']} KiB "
-            f"(~{_fmt(m['bytes_per_held_message'])} B/msg); broker consumer_timeout "
-            f"{ct['consumer_timeout_ms']} ms ({ct['source']})"
-        )
-    lines.append("(lateness in ms; early = received before due; miss = not received in time)")
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.scenarios_peers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run")
-    p.add_argument("--peers", help=f"comma list (default all): {','.join(PEER_NAMES)}")
-    p.add_argument("--queue-type", default="quorum", choices=("quorum", "classic"))
-    p.add_argument("--url", default=DEFAULT_AMQP_URL)
-    p.add_argument(
-        "--out", type=Path, help="JSON path (default bench/results/quick/peers-runner[-quick].json)"
-    )
-    p.add_argument("--n-publish", type=int, help="messages in the publish-rate scenario")
-    p.add_argument("--warmup", type=int, help="untimed messages before each publish-rate run")
-    p.add_argument("--repeats", type=int, help="publish-rate runs (median reported)")
-    p.add_argument("--rate", type=float, help="steady scenario: messages due per second")
-    p.add_argument("--duration-s", type=float, help="steady scenario: seconds of due messages")
-    p.add_argument("--min-delay-ms", type=int, help="steady scenario: min delay")
-    p.add_argument("--max-delay-ms", type=int, help="steady scenario: max delay")
-    p.add_argument("--kill9-n", type=int, help="items written before redis kill -9")
-    p.add_argument("--memory-n", type=int, help="pending messages held by dramatiq-style")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-
-    async def runner() -> dict[str, Any]:
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        # SIGTERM cancels the run, so every peer's teardown still runs (finally blocks).
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        return await main_async(args)
-
-    try:
-        result = asyncio.run(runner())
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        print("interrupted; every peer that was set up has been torn down", file=sys.stderr)
-        return 130
-    # Not bench/results/peers.json: that is the suite's (python -m bench), in another format.
-    name = "peers-runner-quick.json" if args.quick else "peers-runner.json"
-    out = args.out or RESULTS_DIR / "quick" / name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(out)
-    print(format_table(result))
-    print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     # PYTHONDONTWRITEBYTECODE (set in some shells and CI images) would forbid, so that every
     # timed run compiled rmqdelay's sources again (about 65 ms, measured).
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    from rmqdelay.settings import Settings
+    from rmqdelay import Settings
 
     work_queue = Settings(url=args.url, prefix=prefix).layout.work_queue(DESTINATION)
     todo = [

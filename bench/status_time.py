@@ -21,7 +21,6 @@ from pathlib import Path
 
 from bench.common import DEFAULT_AMQP_URL
 from rmqdelay import Publisher, Settings, TopologyManager
-from rmqdelay.amqp.status import gather_status
 
 RESULTS = Path(__file__).resolve().parent / "results" / "status.json"
 
@@ -45,13 +44,6 @@ def main(argv: list[str] | None = None) -> int:
                     for i in range(n)
                 )
         print(f"published {args.pending:,} in {time.perf_counter() - started:.0f} s")
-        # the API's counts lag by its statistics interval: time it once it sees them all
-        deadline = time.monotonic() + 60
-        while gather_status(settings, journal_oldest=False).scheduled < args.pending:
-            if time.monotonic() > deadline:
-                print("the management API still counts fewer than were published")
-                break
-            time.sleep(1)
         env = {
             **os.environ,
             "RMQDELAY_URL": settings.url.get_secret_value(),
@@ -59,36 +51,34 @@ def main(argv: list[str] | None = None) -> int:
         }
         env["RMQDELAY_MAX_DELAY"] = "7h"
         rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))
+
+        def status(*extra: str) -> int:
+            proc = subprocess.run(
+                [rmqdelay, "status", "--json", *extra], env=env, capture_output=True, text=True
+            )
+            if proc.returncode != 0:
+                raise SystemExit(f"rmqdelay status failed: {proc.stderr.strip()[-500:]}")
+            return int(json.loads(proc.stdout)["scheduled"])
+
+        # the API's counts lag by its statistics interval: time it once it sees them all
+        deadline = time.monotonic() + 60
+        while status() < args.pending:
+            if time.monotonic() > deadline:
+                print("the management API still counts fewer than were published")
+                break
+            time.sleep(1)
         result: dict[str, object] = {"pending": args.pending, "load_1min": os.getloadavg()[0]}
         for label, extra in (("management", []), ("amqp", ["--amqp-only"])):
             times, scheduled = [], 0
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                proc = subprocess.run(
-                    [rmqdelay, "status", "--json", *extra],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if proc.returncode != 0:
-                    raise SystemExit(f"rmqdelay status failed: {proc.stderr.strip()[-500:]}")
-                out = proc.stdout
+                scheduled = status(*extra)
                 times.append(time.perf_counter() - t0)
-                scheduled = json.loads(out)["scheduled"]
             result[f"{label}_s"] = statistics.median(times)
             result[f"{label}_scheduled"] = scheduled
-            # the same work in this process: what the broker costs, without start-up
-            calls = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                gather_status(settings, use_management=label == "management")
-                calls.append(time.perf_counter() - t0)
-            result[f"{label}_in_process_s"] = statistics.median(calls)
             print(
                 f"status via {label}: {statistics.median(times):.2f} s (median of "
-                f"{args.repeats}, CLI start-up included; {statistics.median(calls):.3f} s "
-                f"in process), counted {scheduled:,} scheduled"
+                f"{args.repeats}, CLI start-up included), counted {scheduled:,} scheduled"
             )
         starts = []
         for _ in range(args.repeats):

@@ -9,7 +9,7 @@
 Workloads (each timing is the median of ``--repeats`` runs, with its ratio to the reference
 measured in the same run):
 
-publish   rmqdelay's AsyncPublisher and Publisher (publish_many, confirms) against raw aio-pika
+publish   the measures of bench.measures: publishers and the worker against the raw clients
           confirmed publish into one plain queue of the same type (the reference).
 e2e       messages due at a steady 200/500/1000 per second (delays mixed), drained by the
           rmqdelay Worker: lateness p50/p99/max, early, delivered per second, mean hops; and a
@@ -78,6 +78,7 @@ class SuiteSizes:
     publish_count: int = 5000
     publish_window: int = 500
     publish_warmup: int = 500
+    drain_count: int = 20_000
     # e2e (the steady workload, shared by radix and peers)
     rates: tuple[float, ...] = (200.0, 500.0, 1000.0)
     duration_s: float = 4.0
@@ -116,6 +117,7 @@ class SuiteSizes:
             repeats=1,
             publish_count=1000,
             publish_warmup=100,
+            drain_count=2000,
             rates=(200.0, 500.0),
             duration_s=2.0,
             min_delay_ms=500,
@@ -366,32 +368,29 @@ async def plain_latency(suite: Suite, rates: Sequence[float]) -> dict[str, Any]:
 
 
 async def workload_publish(suite: Suite) -> None:
-    from bench.publish_rate import run as publish_run
+    """Every measure of :mod:`bench.measures`, alternating; its figures are keyed already."""
+    from bench.measures import SPECS, Bench
+    from bench.measures import Sizes as MeasureSizes
+    from bench.measures import run as measures_run
 
     s = suite.sizes
     _say(f"publish: {s.publish_count} x {s.repeats}, window {s.publish_window}")
-    result = await publish_run(
-        suite.url,
-        s.queue_type,
-        s.publish_count,
-        s.repeats,
-        s.publish_window,
-        s.publish_warmup,
-        diagnostics=True,
-    )
+    sizes = MeasureSizes(s.publish_count, s.publish_window, s.drain_count)
+    bench = Bench(suite.url, sizes, s.queue_type)
+    keys = tuple(spec.key for spec in SPECS)
+    figures = await measures_run(bench, keys, s.repeats, s.publish_warmup)
     params = {
         "count": s.publish_count,
+        "single_count": sizes.single,
+        "drain_count": s.drain_count,
         "repeats": s.repeats,
         "window": s.publish_window,
         "warmup": s.publish_warmup,
         "queue_type": s.queue_type,
         "body_bytes": 100,
-        "delays_s": [600, 3600],
-        "reference": "raw aio-pika: confirmed, mandatory, persistent publish to one plain "
-        f"{s.queue_type} queue, same window, alternating with the rmqdelay runs",
-        "target_ratio": 0.9,
+        "long_delays_s": [600, 3600],
     }
-    suite.write("publish", params, result)
+    suite.write("publish", params, {"figures": figures})
 
 
 async def workload_e2e(suite: Suite) -> None:
@@ -470,7 +469,7 @@ async def workload_radix(suite: Suite) -> None:
     configs.append((f"radix 16 + named {s.named_tier}", 16, [s.named_tier]))
     rng = random.Random(s.seed)
     sample = [rng.randint(s.min_delay_ms, s.max_delay_ms) for _ in range(20_000)]
-    from rmqdelay.core.durations import parse_duration_us
+    from rmqdelay import parse_duration_us
 
     named_ms = parse_duration_us(s.named_tier) // 1000
     results: dict[str, Any] = {"plain_limit_per_s": limit_rate, "configs": {}}

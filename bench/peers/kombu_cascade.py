@@ -40,7 +40,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from kombu import Connection, Exchange, Queue  # type: ignore[attr-defined]
+# the ignores are unused when kombu is not installed (then it is Any): hence unused-ignore
+from kombu import Connection, Exchange, Queue  # type: ignore[attr-defined,unused-ignore]
 from kombu.transport import native_delayed_delivery as ndd
 
 from bench.common import DEFAULT_AMQP_URL
@@ -117,19 +118,19 @@ class KombuCascadePeer(AmqpPeer):
     # -------------------------------------------------------------- topology via kombu
 
     def _kombu_declare(self) -> None:
-        with Connection(self.url) as conn:  # type: ignore[no-untyped-call]
+        with Connection(self.url) as conn:  # type: ignore[no-untyped-call,unused-ignore]
             ndd.declare_native_delayed_delivery_exchanges_and_queues(
                 conn, self.queue_type, **_prefix_kw(self.kombu_prefix)
             )
-            dest = Queue(  # type: ignore[no-untyped-call]
+            dest = Queue(  # type: ignore[no-untyped-call,unused-ignore]
                 self.dest_queue,
-                Exchange(self.dest_exchange, type="topic", durable=True),  # type: ignore[no-untyped-call]
+                Exchange(self.dest_exchange, type="topic", durable=True),  # type: ignore[no-untyped-call,unused-ignore]
                 routing_key=self.dest_rk,
                 durable=True,
                 queue_arguments={"x-queue-type": self.queue_type},
             )
             channel = conn.channel()
-            dest.bind(channel).declare()  # type: ignore[no-untyped-call]
+            dest.bind(channel).declare()  # type: ignore[no-untyped-call,unused-ignore]
             ndd.bind_queue_to_native_delayed_delivery_exchange(
                 conn, dest, **_prefix_kw(self.kombu_prefix)
             )

@@ -32,9 +32,16 @@ from typing import Any
 from bench.common import DEFAULT_AMQP_URL, Record, now_ms
 from bench.peers.base import Arrivals, Item, unique_prefix
 from bench.peers.rmqdelay_worker import HDR_DUE, HDR_PUB, death_hops
-from rmqdelay import AsyncPublisher, Publisher, PublishResult, Settings, TopologyManager
-from rmqdelay.core.context import Context
-from rmqdelay.core.durations import format_ms
+from rmqdelay import (
+    AsyncPublisher,
+    Context,
+    Publisher,
+    PublishResult,
+    Settings,
+    TopologyManager,
+    Worker,
+    format_ms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +235,6 @@ class RmqdelayPeer:
             self._stderr_tail = [*self._stderr_tail[-49:], line.decode(errors="replace").rstrip()]
 
     async def _start_inproc(self) -> None:
-        from rmqdelay.worker import Worker
-
         app = Worker(self.settings)
 
         @app.handler(DESTINATION, max_attempts=1)

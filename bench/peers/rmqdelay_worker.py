@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from typing import Any
 
-from rmqdelay import Settings
-from rmqdelay.core.context import Context
-from rmqdelay.worker import Worker
-from rmqdelay.worker.logs import configure_logging
+from rmqdelay import Context, Settings, Worker
 
 HDR_PUB = "x-bench-pub"
 HDR_DUE = "x-bench-due"
@@ -101,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefetch", type=int, default=256)
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
-    configure_logging(args.log_level)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
     return asyncio.run(main_async(args))
 
 
