@@ -104,14 +104,27 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
     name = _plain_queue()
     pending: set[int] = set()
     failed: list[str] = []
-    state: dict[str, Any] = {"sent": 0}
+    state = {"sent": 0, "done": False}
     timed = Timed()
+
+    def give_up(connection: pika.SelectConnection, why: str) -> None:
+        """Every failure ends the loop: a close, else the loop itself."""
+        if not state["done"]:
+            failed.append(why)
+        state["done"] = True
+        if connection.is_open:
+            connection.close()
+        elif not connection.is_closing:
+            connection.ioloop.stop()
 
     def on_open(connection: pika.SelectConnection) -> None:
         connection.channel(on_open_callback=on_channel)
 
     def on_channel(channel: pika.channel.Channel) -> None:
         channel.add_on_return_callback(lambda *_a: failed.append("returned"))
+        channel.add_on_close_callback(
+            lambda ch, reason: give_up(connection, f"channel closed: {reason}")
+        )
         channel.queue_declare(
             name,
             durable=True,
@@ -141,14 +154,17 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
             fill(channel)
             return
         timed.__exit__()
-        channel.queue_delete(name, callback=lambda _f: channel.connection.close())
+        state["done"] = True
+        channel.queue_delete(name, callback=lambda _f: connection.close())
 
     connection = pika.SelectConnection(
         pika.URLParameters(url),
         on_open_callback=on_open,
-        on_open_error_callback=lambda _c, exc: failed.append(f"open: {exc}"),
+        on_open_error_callback=lambda c, exc: give_up(c, f"open: {exc}"),
         on_close_callback=lambda c, _exc: c.ioloop.stop(),
     )
+    deadline = max(60.0, count / 100)
+    connection.ioloop.call_later(deadline, lambda: give_up(connection, f"over {deadline:.0f} s"))
     connection.ioloop.start()
     if failed or state["sent"] < count:
         raise RuntimeError(f"raw pika: {failed[:1] or 'stopped early'}")

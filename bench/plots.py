@@ -39,19 +39,14 @@ COLORS = {
 }
 
 
-PUBLISH_COLORS = {
-    "raw aio-pika": "#7f7f7f",
-    "rmqdelay async": "#1f77b4",
-    "rmqdelay sync": "#17becf",
-}
-PUBLISH_LABELS = {
-    "raw aio-pika": "raw aio-pika\n(reference)",
-    "rmqdelay async": "rmqdelay\nasync",
-    "rmqdelay sync": "rmqdelay\nsync",
-    "diag: raw aio-pika, rmqdelay's messages to the tiers": (
-        "diag: raw\naio-pika,\nrmqdelay's\nmessages"
-    ),
-    "diag: rmqdelay async, delay 0": "diag: async,\ndelay 0 (no\ntiers)",
+#: The publish panel: each rmqdelay publisher beside its reference (keys of bench.measures).
+PUBLISH_PANEL = {
+    "publish.raw.pika.many": ("raw pika", "#7f7f7f"),
+    "publish.sync.many.long": ("rmqdelay\nsync", "#17becf"),
+    "publish.raw.aiopika.many": ("raw\naio-pika", "#7f7f7f"),
+    "publish.async.many.long": ("rmqdelay\nasync", "#1f77b4"),
+    "publish.raw.pika.single": ("raw pika,\none at\na time", "#7f7f7f"),
+    "publish.sync.single": ("rmqdelay\npublish()", "#17becf"),
 }
 
 
@@ -166,24 +161,23 @@ def throughput(results: Path) -> Path | None:
     if publish is not None:
         ax = axes[0][i]
         i += 1
-        res = publish["results"]
-        names = list(res["median"])
-        values = [res["median"][n] for n in names]
-        ratios = [res["ratio"][n] for n in names]
-        colors = [PUBLISH_COLORS.get(n, "#bbbbbb") for n in names]
+        figures, params = publish["results"]["figures"], publish["params"]
+        names = [k for k in PUBLISH_PANEL if k in figures]
+        values = [figures[k]["value"] for k in names]
+        ratios = [figures[k].get("ratio", 1.0) for k in names]
+        colors = [PUBLISH_PANEL[k][1] for k in names]
         bars = ax.bar(range(len(names)), values, color=colors)
         for bar, ratio in zip(bars, ratios, strict=True):
             ax.annotate(f"{bar.get_height():,.0f}\nx{ratio:.2f}",
                         (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                         ha="center", va="bottom", fontsize=7)  # fmt: skip
-        ax.axhline(0.9 * values[0], color="k", linestyle=":", linewidth=1)
-        ax.text(-0.45, 0.9 * values[0], "target: 0.9 x reference", fontsize=7, va="top")
-        ax.set_ylim(0, max(values) * 1.22)
-        ax.set_xticks(range(len(names)), [PUBLISH_LABELS.get(n, n) for n in names], fontsize=7)
-        ax.set_ylabel("msgs/s")
+        ax.set_yscale("log")
+        ax.set_ylim(top=max(values) * 3)
+        ax.set_xticks(range(len(names)), [PUBLISH_PANEL[k][0] for k in names], fontsize=7)
+        ax.set_ylabel("msgs/s (log)")
         ax.set_title(
-            f"Delayed publish with confirms vs raw aio-pika\n({res['count']:,} msgs, median of "
-            f"{res['repeats']}, window {res['window']}, {res['queue_type']}; grey: diagnostics)",
+            f"Delayed publish with confirms, against its reference\n({params['count']:,} msgs, "
+            f"median of {params['repeats']}, window {params['window']}, {params['queue_type']})",
             fontsize=9,
         )
     if e2e is not None:

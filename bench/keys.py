@@ -1,0 +1,300 @@
+"""Every figure the README shows, under a short stable key, from the workloads' JSON files.
+
+``python -m bench report`` writes them to ``bench/results/figures.json``.
+A figure is ``{"value": ..., "unit": ..., "ratio": ..., "to": <reference key>, ...}``
+(``text`` for words). The workloads keep their whole detail in their own JSON files; this
+module is the one place that knows those files' shapes, and ``bench.report`` reads only
+``figures.json``. Keys name the workload first: ``publish.sync.many.long``,
+``e2e.r500.p99``, ``peers.naive.publish``, ``radix.r16.hops``, ``scale.drain.rate``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+WORKLOADS = ("publish", "startup", "e2e", "radix", "peers", "seeds", "scale")
+Figure = dict[str, Any]
+Figures = dict[str, Figure]
+
+
+def fig(value: Any, unit: str = "", **extra: Any) -> Figure:
+    if isinstance(value, float) and math.isnan(value):
+        value = None
+    return {"value": value, "unit": unit, **{k: v for k, v in extra.items() if v is not None}}
+
+
+def _get(doc: Any, *path: str) -> Any:
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def _lateness(out: Figures, key: str, entry: dict[str, Any], ratios: dict[str, Any]) -> None:
+    for q in ("p50", "p99", "max"):
+        out[f"{key}.{q}"] = fig(entry.get(f"{q}_ms"), "ms", ratio=ratios.get(f"{q}_ms"))
+
+
+# ---------------------------------------------------------------------- one per workload
+
+
+def from_publish(r: dict[str, Any]) -> Figures:
+    return dict(r["figures"])
+
+
+def from_startup(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    out: Figures = {"startup.pika.before": fig(params.get("reference_ms_of_targets"), "ms")}
+    for name, row in r.items():
+        target = None
+        if "target_ms" in row:
+            verdict = "met" if row["meets_target_ratio"] else "missed"
+            target = f"{row['target_ms']:.0f} ms = {row['target_ratio']:.2f} x: {verdict}"
+        out[f"startup.{name}"] = fig(
+            row["median_ms"],
+            "ms",
+            ratio=row["ratio_to_reference"],
+            to="startup.reference",
+            runs=row.get("runs_ms"),
+            before=row.get("before_ms"),
+            target=target,
+            text=params["commands"][name],
+        )
+    return out
+
+
+def from_e2e(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    limit = r["plain_limit"]
+    out: Figures = {
+        "e2e.limit": fig(
+            limit.get("publish_consume_rate_per_s"),
+            "msgs/s",
+            runs=limit.get("publish_consume_rate_runs"),
+            client_cpu_us=_get(limit, "cpu", "client_us_per_msg"),
+            broker_cpu_us=_get(limit, "cpu", "broker_net_us_per_msg"),
+        ),
+        "e2e.repeats": fig(params["repeats"]),
+    }
+    rows = [
+        (f"r{float(rate):g}", e, r["plain_latency"].get(rate)) for rate, e in r["rates"].items()
+    ]
+    if r.get("saturation"):
+        rows.append(("saturation", r["saturation"], None))
+    for name, e, plain in rows:
+        key = f"e2e.{name}"
+        _lateness(out, key, e, e.get("ratio_to_plain_latency") or {})
+        if plain:
+            _lateness(out, f"{key}.plain", plain, {})
+        out[f"{key}.early"] = fig(e["early_total"])
+        out[f"{key}.delivered"] = fig(
+            e["delivered_per_s"], "msgs/s", ratio=e.get("ratio_to_plain_limit"), to="e2e.limit"
+        )
+        out[f"{key}.hops"] = fig(e["mean_hops"], "hops")
+        out[f"{key}.offered"] = fig(e.get("rate_per_s"), "msgs/s")
+        for proc, us in (e.get("cpu_us_per_msg") or {}).items():
+            out[f"{key}.cpu.{proc}"] = fig(us, "µs/msg")
+    return out
+
+
+RADIX_IDS = {"radix 16 + named 15m": "r16named"}
+
+
+def from_radix(r: dict[str, Any]) -> Figures:
+    out: Figures = {"radix.limit": fig(r.get("plain_limit_per_s"), "msgs/s")}
+    for label, c in r["configs"].items():
+        key = "radix." + RADIX_IDS.get(label, label.replace("radix ", "r"))
+        ratios = c.get("ratio_to_radix16") or {}
+        _lateness(out, key, c["steady"], ratios)
+        out[f"{key}.tiers"] = fig(c["tiers"], "queues")
+        out[f"{key}.hops"] = fig(c["steady"]["mean_hops"], "hops")
+        out[f"{key}.hops15m"] = fig(c["planned_hops_named_delay"])
+        out[f"{key}.early"] = fig(
+            int(c["steady"]["early_total"] or 0) + int(_get(c, "saturation", "early_total") or 0)
+        )
+        out[f"{key}.saturation"] = fig(
+            _get(c, "saturation", "delivered_per_s"),
+            "msgs/s",
+            ratio=ratios.get("saturation_delivered_per_s"),
+            to="radix.r16.saturation",
+        )
+    return out
+
+
+def from_peers(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    extras = r["extras"]
+    out: Figures = {
+        "peers.reference.publish": fig(
+            _get(extras, "plain_publish_only", "publish_rate_per_s"), "msgs/s"
+        ),
+        "peers.repeats": fig(params["repeats"]),
+    }
+    for name, d in r["designs"].items():
+        key = f"peers.{name}"
+        out[f"{key}.name"] = fig(None, text=d["name"])
+        out[f"{key}.publish"] = fig(
+            _get(d, "publish_rate", "publish_rate_per_s"),
+            "msgs/s",
+            ratio=d.get("publish_ratio_to_plain"),
+            to="peers.reference.publish",
+        )
+        steady = d.get("steady") or {}
+        _lateness(out, key, steady, d.get("lateness_ratio_to_plain_latency") or {})
+        out[f"{key}.early"] = fig(steady.get("early_total"))
+        out[f"{key}.missing"] = fig(steady.get("missing_total"))
+    for k in extras.get("redis_kill9") or []:
+        out[f"peers.redis.kill9.{k['mode']}"] = fig(k["lost"], "messages", written=k["written"])
+    dram = extras.get("dramatiq")
+    if dram:
+        m, ct = dram["memory"], dram["consumer_timeout"]
+        out["peers.dramatiq.held"] = fig(m["held_unacked"], "messages", prefetch=m["prefetch"])
+        out["peers.dramatiq.heap"] = fig(m.get("python_heap_bytes_per_held_message"), "B/msg")
+        out["peers.dramatiq.rss"] = fig(m.get("bytes_per_held_message"), "B/msg")
+        out["peers.dramatiq.consumer_timeout"] = fig(ct["consumer_timeout_ms"], "ms")
+    return out
+
+
+def from_seeds(r: dict[str, Any]) -> Figures:
+    out: Figures = {}
+    for name, d in r.items():
+        if "arrival_order" in d:
+            order = ",".join(m.split("-")[1].rstrip("s") for m in d["arrival_order"])
+            out[f"seeds.{name}.order"] = fig(None, text=order)
+            out[f"seeds.{name}.max"] = fig(d["stats"]["max_ms"], "ms")
+            out[f"seeds.{name}.early"] = fig(d["stats"]["early"])
+        else:
+            out[f"seeds.{name}.order"] = fig(None, text="error" if "error" in d else "n/a")
+    return out
+
+
+def scale_memory(res: dict[str, Any]) -> dict[str, Any]:
+    """Broker memory and disk against pending messages, from the scale snapshots.
+
+    The quorum WAL keeps its entries in memory until it rolls over, then frees them: growth
+    from the 0 snapshot depends on where the rollovers fell. So the slopes are fitted over
+    the second half of the fill (least squares); every RSS drop is reported as a rollover.
+    """
+    snaps = sorted((int(k), v) for k, v in res["snapshots"].items() if k.isdigit())
+    half = [(k, v) for k, v in snaps if k >= res["params"]["messages"] // 2]
+
+    def slope(key: str) -> float | None:
+        pts = [(k, v.get(key)) for k, v in half if v.get(key) is not None]
+        if len(pts) < 2:
+            return None
+        mx, my = sum(k for k, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        den = sum((k - mx) ** 2 for k, _ in pts)
+        return sum((k - mx) * (y - my) for k, y in pts) / den if den else None
+
+    rss = [(k, v.get("mem_rss_bytes") or 0) for k, v in snaps]
+    drops = [(k, a - b) for (_, a), (k, b) in itertools.pairwise(rss) if a - b > 16 * 2**20]
+    return {
+        "rss": slope("mem_rss_bytes"),
+        "wal": (slope("mem_quorum_ets_bytes") or 0) + (slope("mem_binary_bytes") or 0),
+        "procs": slope("mem_quorum_procs_bytes"),
+        "disk": slope("disk_quorum_dir_allocated_bytes"),
+        "peak": max((v for _, v in rss), default=None),
+        "rollovers": drops,
+    }
+
+
+def from_scale(r: dict[str, Any]) -> Figures:
+    p, fill, d = r["params"], r["fill"], r["drain"]
+    out: Figures = {
+        "scale.messages": fig(p["messages"], "messages"),
+        "scale.chunk": fig(p["chunk"], "messages"),
+        "scale.margin": fig(p["margin_s"], "s"),
+        "scale.publisher": fig(None, text=p["publisher"]),
+        "scale.fill.seconds": fig(fill["seconds"], "s"),
+        "scale.fill.rate": fig(fill["rate_per_s"], "msgs/s"),
+        "scale.fill.hops": fig(fill["hops"]["mean_hops"], "hops"),
+    }
+    levels = sorted(r["at_levels"], key=int)
+    for level in levels:
+        e, snap = r["at_levels"][level], r["snapshots"].get(level) or {}
+        key = f"scale.at{level}"
+        out[f"{key}.pending"] = fig(int(level), "messages")
+        out[f"{key}.publish"] = fig(
+            e["publish_rate_per_s"], "msgs/s", ratio=e["ratio_to_reference"], to=f"{key}.reference"
+        )
+        out[f"{key}.reference"] = fig(e["reference_rate_per_s"], "msgs/s")
+        wal = (snap.get("mem_quorum_ets_bytes") or 0) + (snap.get("mem_binary_bytes") or 0)
+        for name, value in (
+            ("rss", snap.get("mem_rss_bytes")),
+            ("wal", wal),
+            ("procs", snap.get("mem_quorum_procs_bytes")),
+            ("disk", snap.get("disk_quorum_dir_allocated_bytes")),
+        ):
+            out[f"{key}.{name}"] = fig(None if value is None else value / 2**20, "MiB")
+    first, last = r["at_levels"][levels[0]], r["at_levels"][levels[-1]]
+    out["scale.flat"] = fig(last["publish_rate_per_s"] / first["publish_rate_per_s"], "ratio")
+    mem = scale_memory(r)
+    for name in ("rss", "wal", "procs", "disk"):
+        out[f"scale.per_msg.{name}"] = fig(mem[name], "B/msg")
+    out["scale.peak_rss"] = fig((mem["peak"] or 0) / 2**30, "GiB")
+    drops = ", ".join(f"{b / 2**20:,.0f} MiB at {k:,}" for k, b in mem["rollovers"]) or "none"
+    out["scale.rollovers"] = fig(max((b for _, b in mem["rollovers"]), default=0) / 2**20, "MiB")
+    out["scale.rollovers"]["text"] = drops
+    lateness = d["lateness"]
+    out |= {
+        "scale.drain.delivered": fig(d["delivered_unique"], "messages"),
+        "scale.drain.missing": fig(d["missing"], "messages"),
+        "scale.drain.duplicates": fig(d["duplicates"], "messages"),
+        "scale.drain.early": fig(lateness["early"], "messages"),
+        "scale.drain.all": fig(bool(d["all_delivered"])),
+        "scale.drain.seconds": fig(d["seconds"], "s"),
+        "scale.drain.rate": fig(
+            d["rate_per_s"], "msgs/s", ratio=d.get("ratio_to_reference_publish")
+        ),
+        "scale.drain.p50": fig(lateness["p50_ms"] / 1000, "s"),
+        "scale.drain.max": fig(lateness["max_ms"] / 1000, "s"),
+        "scale.drain.hops": fig(d.get("mean_x_death_hops"), "hops"),
+        "scale.drain.broker_per_hop": fig(_get(d, "cpu", "broker_us_per_hop"), "µs/hop"),
+        "scale.drain.worker": fig(_get(d, "cpu", "worker_us_per_msg"), "µs/msg"),
+    }
+    return out
+
+
+EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
+    "publish": lambda doc: from_publish(doc["results"]),
+    "startup": lambda doc: from_startup(doc["results"], doc["params"]),
+    "e2e": lambda doc: from_e2e(doc["results"], doc["params"]),
+    "radix": lambda doc: from_radix(doc["results"]),
+    "peers": lambda doc: from_peers(doc["results"], doc["params"]),
+    "seeds": lambda doc: from_seeds(doc["results"]),
+    "scale": lambda doc: from_scale(doc["results"]),
+}
+
+
+def _early(figures: Figures) -> Iterator[int]:
+    """Every early count of an rmqdelay run (the other designs may be early)."""
+    for key, f in figures.items():
+        parts = key.split(".")
+        if parts[-1] != "early" or not isinstance(f.get("value"), int):
+            continue
+        if parts[0] in ("e2e", "radix", "scale") or parts[1].startswith("rmqdelay"):
+            yield f["value"]
+
+
+def collect(results: Path) -> dict[str, Any]:
+    """figures.json's content: the keys, and when and where each workload measured them."""
+    figures: Figures = {}
+    measured: dict[str, Any] = {}
+    for workload in WORKLOADS:
+        path = results / f"{workload}.json"
+        if not path.exists():
+            continue
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        figures |= EXTRACT[workload](doc)
+        measured[workload] = {
+            "date": time.strftime("%Y-%m-%d", time.gmtime(doc["generated_at_ms"] / 1000)),
+            "machine": doc.get("machine"),
+            "broker": doc.get("broker"),
+        }
+    early = list(_early(figures))
+    if early:
+        figures["all.early"] = fig(sum(early), "messages")
+    return {"measured": measured, "figures": figures}
