@@ -2,6 +2,7 @@
 
     python -m bench report                  # figures.json (made from results/*.json first)
     python -m bench report --print --no-readme
+    python -m bench report --check          # exit 1 when the README's section is stale
 
 The section is ``bench/performance.md`` with every figure a placeholder naming its key
 (:mod:`bench.keys`), written between ``<!-- performance:start -->`` and
@@ -126,7 +127,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-readme", action="store_true", help="leave the README alone")
     p.add_argument("--no-plots", action="store_true", help="draw no plot (no matplotlib needed)")
     p.add_argument("--print", action="store_true", help="print the section to stdout")
+    p.add_argument("--check", action="store_true", help="exit 1 if the README's section differs")
     args = p.parse_args(argv)
+    if args.check:
+        text = args.readme.read_text(encoding="utf-8")
+        current = text.split(START, 1)[1].split(END, 1)[0].removeprefix("\n")
+        same = current == render(TEMPLATE.read_text(encoding="utf-8"), keys.collect(args.results))
+        print("the README's Performance section is " + ("current" if same else "stale"))
+        return 0 if same else 1
     if not args.no_plots:
         from bench import plots
 
