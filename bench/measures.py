@@ -94,6 +94,14 @@ def _plain_queue() -> str:
     return f"bench-plain-{uuid.uuid4().hex[:6]}"
 
 
+def _parameters(url: str) -> pika.URLParameters:
+    """A shared broker busy declaring other suites' quorum queues can take more than pika's
+    default 15 s to answer a handshake."""
+    parameters = pika.URLParameters(url)
+    parameters.stack_timeout = 60
+    return parameters
+
+
 def _props() -> pika.BasicProperties:
     return pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
 
@@ -158,7 +166,7 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
         channel.queue_delete(name, callback=lambda _f: connection.close())
 
     connection = pika.SelectConnection(
-        pika.URLParameters(url),
+        _parameters(url),
         on_open_callback=on_open,
         on_open_error_callback=lambda c, exc: give_up(c, f"open: {exc}"),
         on_close_callback=lambda c, _exc: c.ioloop.stop(),
@@ -174,7 +182,7 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
 def raw_pika_single(url: str, count: int, queue_type: str) -> Run:
     """One confirm per publish: ``BlockingChannel`` waits for each, as ``publish()`` does."""
     name = _plain_queue()
-    connection = pika.BlockingConnection(pika.URLParameters(url))
+    connection = pika.BlockingConnection(_parameters(url))
     try:
         channel = connection.channel()
         channel.queue_declare(name, durable=True, arguments={"x-queue-type": queue_type})

@@ -755,6 +755,7 @@ def main(argv: list[str]) -> int:
         _say("interrupted; everything that was set up has been torn down")
         return 130
     total = round(time.perf_counter() - started, 1)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "suite.json").write_text(
         json.dumps(
             {
