@@ -67,21 +67,6 @@ class Sizes:
     memory_n: int = 10000
     seed: int = 1234
 
-    @classmethod
-    def quick(cls) -> Sizes:
-        return cls(
-            n_publish=300,
-            warmup=50,
-            repeats=1,
-            rate=50.0,
-            duration_s=2.0,
-            min_delay_ms=1000,
-            max_delay_ms=3000,
-            drain_slack_s=10.0,
-            kill9_n=2000,
-            memory_n=2000,
-        )
-
 
 # ---------------------------------------------------------------- scenario runners
 
