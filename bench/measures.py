@@ -321,11 +321,24 @@ def _thread(fn: Callable[..., Run], *args: Any) -> Awaitable[Run]:
     return asyncio.to_thread(fn, *args)
 
 
-RAW_PIKA, RAW_AIO, RAW_SINGLE = (
-    "publish.raw.pika.many",
-    "publish.raw.aiopika.many",
-    ("publish.raw.pika.single"),
-)
+def _sync(journal: bool, delay: bool) -> Measure:
+    return lambda b: _thread(sync_many, b.settings(journal), b.sizes.count, b.sizes.window, delay)
+
+
+def _async(journal: bool, delay: bool) -> Measure:
+    return lambda b: async_many(b.settings(journal), b.sizes.count, b.sizes.window, delay)
+
+
+def _single(journal: bool) -> Measure:
+    return lambda b: _thread(sync_single, b.settings(journal), b.sizes.single)
+
+
+def _drain(b: Bench) -> Awaitable[Run]:
+    return worker_drain(b.settings(), b.sizes.drain, b.sizes.concurrency, b.sizes.prefetch)
+
+
+RAW_PIKA, RAW_AIO = "publish.raw.pika.many", "publish.raw.aiopika.many"
+RAW_SINGLE = "publish.raw.pika.single"
 SPECS: tuple[Spec, ...] = (
     Spec(
         RAW_PIKA,
@@ -339,42 +352,22 @@ SPECS: tuple[Spec, ...] = (
         None,
         lambda b: raw_aio_pika_many(b.url, b.sizes.count, b.sizes.window, b.queue_type),
     ),
-    Spec(
-        "publish.sync.many.long",
-        "rmqdelay sync",
-        RAW_PIKA,
-        lambda b: _thread(sync_many, b.settings(), b.sizes.count, b.sizes.window, True),
-    ),
+    Spec("publish.sync.many.long", "rmqdelay sync", RAW_PIKA, _sync(True, True)),
     Spec(
         "publish.sync.many.long.nojournal",
         "rmqdelay sync, journal off",
         RAW_PIKA,
-        lambda b: _thread(sync_many, b.settings(False), b.sizes.count, b.sizes.window, True),
+        _sync(False, True),
     ),
-    Spec(
-        "publish.sync.many.short",
-        "rmqdelay sync, delay 0",
-        RAW_PIKA,
-        lambda b: _thread(sync_many, b.settings(), b.sizes.count, b.sizes.window, False),
-    ),
-    Spec(
-        "publish.async.many.long",
-        "rmqdelay async",
-        RAW_AIO,
-        lambda b: async_many(b.settings(), b.sizes.count, b.sizes.window, True),
-    ),
+    Spec("publish.sync.many.short", "rmqdelay sync, delay 0", RAW_PIKA, _sync(True, False)),
+    Spec("publish.async.many.long", "rmqdelay async", RAW_AIO, _async(True, True)),
     Spec(
         "publish.async.many.long.nojournal",
         "rmqdelay async, journal off",
         RAW_AIO,
-        lambda b: async_many(b.settings(False), b.sizes.count, b.sizes.window, True),
+        _async(False, True),
     ),
-    Spec(
-        "publish.async.many.short",
-        "rmqdelay async, delay 0",
-        RAW_AIO,
-        lambda b: async_many(b.settings(), b.sizes.count, b.sizes.window, False),
-    ),
+    Spec("publish.async.many.short", "rmqdelay async, delay 0", RAW_AIO, _async(True, False)),
     Spec(
         RAW_SINGLE,
         "raw pika, one confirm per publish",
@@ -382,23 +375,15 @@ SPECS: tuple[Spec, ...] = (
         lambda b: _thread(raw_pika_single, b.url, b.sizes.single, b.queue_type),
     ),
     Spec(
-        "publish.sync.single",
-        "rmqdelay sync publish(), one at a time",
-        RAW_SINGLE,
-        lambda b: _thread(sync_single, b.settings(), b.sizes.single),
+        "publish.sync.single", "rmqdelay sync publish(), one at a time", RAW_SINGLE, _single(True)
     ),
     Spec(
         "publish.sync.single.nojournal",
         "rmqdelay sync publish(), journal off",
         RAW_SINGLE,
-        lambda b: _thread(sync_single, b.settings(False), b.sizes.single),
+        _single(False),
     ),
-    Spec(
-        "worker.drain.noop",
-        "rmqdelay.Worker, messages already due, no-op handler",
-        None,
-        lambda b: worker_drain(b.settings(), b.sizes.drain, b.sizes.concurrency, b.sizes.prefetch),
-    ),
+    Spec("worker.drain.noop", "rmqdelay.Worker, messages already due, no-op handler", None, _drain),
 )
 BY_KEY = {spec.key: spec for spec in SPECS}
 COMPARED = (
