@@ -146,6 +146,9 @@ def from_peers(r: dict[str, Any], params: dict[str, Any]) -> Figures:
         _lateness(out, key, steady, d.get("lateness_ratio_to_plain_latency") or {})
         out[f"{key}.early"] = fig(steady.get("early_total"))
         out[f"{key}.missing"] = fig(steady.get("missing_total"))
+        if not d.get("supports_delay", True):  # the seeds' scenario needs delays
+            out[f"seeds.{name}.order"] = fig(None, text="n/a")
+            out[f"seeds.{name}.max"] = fig(None)
     for k in extras.get("redis_kill9") or []:
         out[f"peers.redis.kill9.{k['mode']}"] = fig(k["lost"], "messages", written=k["written"])
     dram = extras.get("dramatiq")

@@ -1,0 +1,54 @@
+"""The README's Performance figures are the rendering of the bench's keyed figures.
+
+``bench/report.py`` fills ``bench/performance.md`` from ``bench.keys`` (the results' JSON
+files as short keys): a hand edit of a figure in the README, or a template naming a key
+that no longer exists, fails here. Also the template language itself, on a small input.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bench import keys, report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_section_is_the_rendering_of_the_committed_results() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    current = text.split(report.START, 1)[1].split(report.END, 1)[0].removeprefix("\n")
+    doc = keys.collect(keys.RESULTS_DIR)
+    assert current == report.render(report.TEMPLATE.read_text(encoding="utf-8"), doc), (
+        "README's Performance section differs from `python -m bench report --no-plots`"
+    )
+
+
+def test_every_key_the_template_names_exists() -> None:
+    template = report.TEMPLATE.read_text(encoding="utf-8")
+    lines = []
+    for line in template.splitlines():  # expand the row loops first
+        loop = report.LOOP.search(line)
+        words = loop["words"].split() if loop else [""]
+        lines += [line[: loop.start()].replace("@", w) if loop else line for w in words]
+    named = {m["key"] for m in report.PLACEHOLDER.finditer("\n".join(lines))} - {"measured"}
+    missing = named - set(keys.collect(keys.RESULTS_DIR)["figures"])
+    assert not missing, f"the template names keys no result gives: {sorted(missing)}"
+
+
+def test_placeholders_fields_marks_and_loops() -> None:
+    doc = {
+        "measured": {"publish": {"date": "2026-01-02", "machine": {}, "broker": {}}},
+        "figures": {
+            "a.x": keys.fig(12345.6, "msgs/s", ratio=0.876, runs=[1.0, 2000.4]),
+            "a.y": keys.fig(2.5, "hops", text="words"),
+        },
+    }
+    template = (
+        "{a.x} {a.x|ratio} {a.x|ratio>=0.9} {a.x|value>=100} {a.x|runs} {a.x:1}\n"
+        "| {a.@|text} | {a.@} | <!-- @ x y -->\n{missing.key} {measured}"
+    )
+    out = report.render(template, doc).splitlines()
+    assert out[0] == "12,346 0.88 **not met** **met** 1, 2,000 12,345.6"
+    assert out[1:3] == ["| - | 12,346 |", "| words | 2.50 |"]
+    assert re.match(r"- Measured publish on 2026-01-02, ", out[3])
