@@ -3,57 +3,37 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def run(
-    env: dict[str, str], *args: str, input: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rmqdelay.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        input=input,
-        timeout=60,
-    )
+from tests.helpers.cli import rmqdelay_env, run_cli
 
 
 @pytest.fixture
 def env(amqp_url: str, prefix: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RMQDELAY_URL": amqp_url,
-        "RMQDELAY_PREFIX": prefix,
-        "RMQDELAY_MAX_DELAY": "1h",
-        "COLUMNS": "200",
-    }
+    return rmqdelay_env(amqp_url, prefix, max_delay="1h")
 
 
 def test_apply_publish_consume_json_destroy(env: dict[str, str], prefix: str) -> None:
-    plan = run(env, "topology", "plan", "-d", "jobs")
+    plan = run_cli(env, "topology", "plan", "-d", "jobs")
     assert plan.returncode == 1, plan.stdout  # everything is missing before apply
     assert "missing" in plan.stdout
 
-    applied = run(env, "topology", "apply", "-d", "jobs")
+    applied = run_cli(env, "topology", "apply", "-d", "jobs")
     assert applied.returncode == 0, applied.stderr
     assert f"{prefix}.work.jobs" in applied.stdout
-    assert run(env, "topology", "plan", "-d", "jobs").returncode == 0
-    assert run(env, "topology", "verify", "-d", "jobs").returncode == 0
+    assert run_cli(env, "topology", "plan", "-d", "jobs").returncode == 0
+    assert run_cli(env, "topology", "verify", "-d", "jobs").returncode == 0
 
-    published = run(env, "publish", "jobs", '{"n": 1}', "--json", "--delay", "3s", "-H", "k=v")
+    published = run_cli(env, "publish", "jobs", '{"n": 1}', "--json", "--delay", "3s", "-H", "k=v")
     assert published.returncode == 0, published.stderr
     message_id = published.stdout.split()[0]
     assert "due" in published.stdout
-    stdin = run(env, "publish", "jobs", "-", "--delay", "0.1s", input="from stdin")
+    stdin = run_cli(env, "publish", "jobs", "-", "--delay", "0.1s", input="from stdin")
     assert stdin.returncode == 0, stdin.stderr
 
-    consumed = run(env, "consume", "jobs", "--count", "2", "--timeout", "20", "--json")
+    consumed = run_cli(env, "consume", "jobs", "--count", "2", "--timeout", "20", "--json")
     assert consumed.returncode == 0, consumed.stderr
     lines = [json.loads(line) for line in consumed.stdout.splitlines()]
     assert [line["body"] for line in lines] == ["from stdin", '{"n":1}']
@@ -64,28 +44,28 @@ def test_apply_publish_consume_json_destroy(env: dict[str, str], prefix: str) ->
         assert isinstance(first[key], int)
     assert first["lateness_ms"] >= 0
 
-    timed_out = run(env, "consume", "jobs", "--count", "1", "--timeout", "0.5")
+    timed_out = run_cli(env, "consume", "jobs", "--count", "1", "--timeout", "0.5")
     assert timed_out.returncode == 1
     assert "received 0 of 1" in timed_out.stderr
 
-    refused = run(env, "topology", "destroy")
+    refused = run_cli(env, "topology", "destroy")
     assert refused.returncode == 2 and "--yes" in refused.stderr
-    destroyed = run(env, "topology", "destroy", "--yes", "-d", "jobs")
+    destroyed = run_cli(env, "topology", "destroy", "--yes", "-d", "jobs")
     assert destroyed.returncode == 0, destroyed.stderr
-    assert run(env, "topology", "verify", "-d", "jobs").returncode == 1
+    assert run_cli(env, "topology", "verify", "-d", "jobs").returncode == 1
 
 
 def test_destroy_refuses_while_tiers_hold_messages(env: dict[str, str]) -> None:
-    assert run(env, "topology", "apply", "-d", "jobs").returncode == 0
-    assert run(env, "publish", "jobs", "x", "--delay", "10m").returncode == 0
-    refused = run(env, "topology", "destroy", "--yes", "-d", "jobs")
+    assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
+    assert run_cli(env, "publish", "jobs", "x", "--delay", "10m").returncode == 0
+    refused = run_cli(env, "topology", "destroy", "--yes", "-d", "jobs")
     assert refused.returncode == 1
     assert "hold messages" in refused.stderr and "--force" in refused.stderr
-    assert run(env, "topology", "destroy", "--yes", "--force", "-d", "jobs").returncode == 0
+    assert run_cli(env, "topology", "destroy", "--yes", "--force", "-d", "jobs").returncode == 0
 
 
 def test_user_errors_are_one_clear_line(env: dict[str, str], tmp_path: Path) -> None:
-    assert run(env, "topology", "apply", "-d", "jobs").returncode == 0
+    assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
     usage = {  # an option's value of the wrong form or range: exit 2, as the README says
         ("publish", "jobs", "x", "--delay", "-1s"): "--delay must not be negative",
         ("publish", "jobs", "x", "--delay", "soon"): "cannot read --delay",
@@ -99,7 +79,7 @@ def test_user_errors_are_one_clear_line(env: dict[str, str], tmp_path: Path) -> 
         ("topology", "plan", "--config", str(tmp_path / "none.toml")): "does not exist",
     }
     for args, expected in [*usage.items(), *cases.items()]:
-        result = run(env, *args)
+        result = run_cli(env, *args)
         assert result.returncode == (2 if args in usage else 1), args
         assert expected in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
@@ -108,15 +88,15 @@ def test_user_errors_are_one_clear_line(env: dict[str, str], tmp_path: Path) -> 
 def test_flags_over_env_over_config_file(env: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "rmqdelay.toml"
     config.write_text('radix = 17\nprefix = "from-file"\n')
-    bad = run(env, "topology", "plan", "--config", str(config))
+    bad = run_cli(env, "topology", "plan", "--config", str(config))
     assert bad.returncode == 1 and "radix must be from 2 to 16" in bad.stderr
     config.write_text('radix = 8\nprefix = "from-file"\nmax_delay = "1m"\n')
     wrong_url = {**env, "RMQDELAY_URL": "amqp://guest:hunter2@127.0.0.1:1/%2F"}
     del wrong_url["RMQDELAY_PREFIX"]  # so the file's prefix applies
-    result = run(wrong_url, "topology", "plan", "--config", str(config))
+    result = run_cli(wrong_url, "topology", "plan", "--config", str(config))
     assert "127.0.0.1:1" in result.stderr  # the env URL beat the file's default...
     assert "hunter2" not in result.stderr + result.stdout  # ...and its password is masked
-    flagged = run(
+    flagged = run_cli(
         wrong_url, "topology", "plan", "--config", str(config), "--url", env["RMQDELAY_URL"]
     )
     assert flagged.returncode == 1  # the flag URL works: everything under from-file is missing

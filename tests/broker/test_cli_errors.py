@@ -8,14 +8,14 @@ our own errors are one line.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+
+from tests.helpers.cli import rmqdelay_env, run_cli
 
 WORKER_APP = """\
 from rmqdelay import Worker
@@ -29,29 +29,9 @@ async def handle(body: bytes) -> None:
 """
 
 
-def run(
-    env: dict[str, str], *args: str, cwd: Path | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rmqdelay.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 @pytest.fixture
 def env(amqp_url: str, prefix: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RMQDELAY_URL": str(amqp_url),
-        "RMQDELAY_PREFIX": prefix,
-        "RMQDELAY_MAX_DELAY": "1h",
-        "COLUMNS": "200",
-    }
+    return rmqdelay_env(str(amqp_url), prefix, max_delay="1h")
 
 
 @pytest.fixture
@@ -110,7 +90,7 @@ def test_our_errors_are_one_line_with_the_right_exit_code(
     env: dict[str, str], args: tuple[str, ...], code: int, words: tuple[str, ...]
 ) -> None:
     started = time.monotonic()
-    result = run(env, *args)
+    result = run_cli(env, *args)
     check(result, code, *words)
     one_line(result)
     assert time.monotonic() - started < 20  # "1e100000000" must not compute 10**100000000
@@ -129,11 +109,11 @@ def test_our_errors_are_one_line_with_the_right_exit_code(
     ids=" ".join,
 )
 def test_click_usage_errors_exit_2(env: dict[str, str], app_dir: Path, args: tuple[str]) -> None:
-    check(run(env, *args, cwd=app_dir), 2, "Usage:")
+    check(run_cli(env, *args, cwd=app_dir), 2, "Usage:")
 
 
 def test_a_bad_log_format_is_a_usage_error(env: dict[str, str], app_dir: Path) -> None:
-    result = run(env, "worker", "cli_errors_app:app", "--log-format", "xml", cwd=app_dir)
+    result = run_cli(env, "worker", "cli_errors_app:app", "--log-format", "xml", cwd=app_dir)
     check(result, 2, "--log-format 'xml': use text or json")
     one_line(result)
 
@@ -141,7 +121,7 @@ def test_a_bad_log_format_is_a_usage_error(env: dict[str, str], app_dir: Path) -
 def test_a_malformed_config_file_is_named(env: dict[str, str], tmp_path: Path) -> None:
     config = tmp_path / "broken.toml"
     config.write_text('prefix = "x\nradix = \n')
-    result = run(env, "topology", "plan", "--config", str(config))
+    result = run_cli(env, "topology", "plan", "--config", str(config))
     check(result, 1, f"config file '{config}' is not valid TOML")
     one_line(result)
 
@@ -153,7 +133,7 @@ def test_an_unknown_vhost_is_named_by_every_client(
     env: dict[str, str], amqp_url: str, prefix: str, args: tuple[str, ...]
 ) -> None:
     vhost = f"{prefix}-nowhere"
-    result = run({**env, "RMQDELAY_URL": other_vhost(amqp_url, vhost)}, *args)
+    result = run_cli({**env, "RMQDELAY_URL": other_vhost(amqp_url, vhost)}, *args)
     check(result, 1, f"virtual host '{vhost}' does not exist")
     one_line(result)
 
@@ -162,7 +142,7 @@ def test_an_unknown_vhost_is_named_by_every_client(
 def test_wrong_credentials_are_named_by_every_client(
     env: dict[str, str], amqp_url: str, args: tuple[str, ...]
 ) -> None:
-    result = run({**env, "RMQDELAY_URL": wrong_password(amqp_url)}, *args)
+    result = run_cli({**env, "RMQDELAY_URL": wrong_password(amqp_url)}, *args)
     check(result, 1, "refused the login of user", "wrong user name or password")
     one_line(result)
 
@@ -171,7 +151,7 @@ def test_the_worker_stops_on_wrong_credentials(
     env: dict[str, str], amqp_url: str, app_dir: Path
 ) -> None:
     started = time.monotonic()
-    result = run(
+    result = run_cli(
         {**env, "RMQDELAY_URL": wrong_password(amqp_url)},
         "worker",
         "cli_errors_app:app",
@@ -185,15 +165,15 @@ def test_the_worker_stops_on_wrong_credentials(
 def test_the_worker_names_the_missing_queue_and_the_command(
     env: dict[str, str], app_dir: Path
 ) -> None:
-    result = run(env, "worker", "cli_errors_app:app", cwd=app_dir)
+    result = run_cli(env, "worker", "cli_errors_app:app", cwd=app_dir)
     check(result, 1, "work queue", "rmqdelay topology apply --destination jobs")
 
 
 def test_consume_says_what_it_waits_for(env: dict[str, str], prefix: str) -> None:
-    assert run(env, "topology", "apply", "-d", "jobs").returncode == 0
-    result = run(env, "consume", "jobs", "--timeout", "0.3")
+    assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
+    result = run_cli(env, "consume", "jobs", "--timeout", "0.3")
     check(result, 0, f"waiting for messages on queue {prefix}.work.jobs (up to 0.3s)")
-    counted = run(env, "consume", "jobs", "--count", "2", "--timeout", "0.3")
+    counted = run_cli(env, "consume", "jobs", "--count", "2", "--timeout", "0.3")
     check(counted, 1, "waiting for 2 message(s)", "received 0 of 2")
     assert "waiting" not in counted.stdout  # stdout keeps only messages
 
@@ -201,15 +181,15 @@ def test_consume_says_what_it_waits_for(env: dict[str, str], prefix: str) -> Non
 def test_the_users_text_is_printed_as_typed_not_as_markup_or_emoji(env: dict[str, str]) -> None:
     """rich would read '[/]' as markup (a MarkupError traceback after the publish) and
     ':b:' as an emoji."""
-    assert run(env, "topology", "apply", "-d", "jobs").returncode == 0
+    assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
     odd = "[/]x:b:[bold]"
-    published = run(env, "publish", "jobs", "x", "--delay", "10m", "--message-id", odd)
+    published = run_cli(env, "publish", "jobs", "x", "--delay", "10m", "--message-id", odd)
     check(published, 0)
     assert published.stdout.startswith(f"{odd} due "), published.stdout
-    listed = run(env, "scheduled", "list")
+    listed = run_cli(env, "scheduled", "list")
     check(listed, 0, odd)
-    cancelled = run(env, "cancel", odd, "[/]unknown")
+    cancelled = run_cli(env, "cancel", odd, "[/]unknown")
     check(cancelled, 1, f"{odd}: cancelled", "[/]unknown: unknown")
-    bad_app = run(env, "worker", "a:b:c")
+    bad_app = run_cli(env, "worker", "a:b:c")
     check(bad_app, 1, "(from 'a:b:c')")
     one_line(bad_app)

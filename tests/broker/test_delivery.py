@@ -25,8 +25,8 @@ from rmqdelay.core.messages import DESTINATION, DUE_AT
 from rmqdelay.errors import BatchPublishError, PublisherClosedError, PublishNackedError
 from rmqdelay.settings import SecretUrl
 from tests.helpers.brokerctl import BrokerAdmin
-from tests.helpers.support import Collector, work_queue
-from tests.helpers.worker_helpers import TestTopology
+from tests.helpers.support import Collector
+from tests.helpers.worker_helpers import TestTopology, work_queue
 
 LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
 
@@ -155,18 +155,24 @@ async def test_return_raises_unroutable(rmq: Settings, orders: str) -> None:
         assert sync_publisher.publish(orders, b"ok", delay=0).hops == 0
 
 
-@pytest.mark.usefixtures("pika_path")
-async def test_nack_raises(amqp_url: str, prefix: str) -> None:
-    # a hand-made work queue and no topology: no schedule journal either
+def refusing_work_queue(amqp_url: str, prefix: str, max_length: int) -> Settings:
+    """Settings with no topology (nor schedule journal) and a hand-made work queue for
+    destination ``full`` that refuses what comes past ``max_length`` messages."""
     settings = Settings(
         url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic", schedule_journal=False
     )
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
     connection.channel().queue_declare(
         work_queue(settings, "full"),
-        arguments={"x-max-length": 0, "x-overflow": "reject-publish"},
+        arguments={"x-max-length": max_length, "x-overflow": "reject-publish"},
     )
     connection.close()
+    return settings
+
+
+@pytest.mark.usefixtures("pika_path")
+async def test_nack_raises(amqp_url: str, prefix: str) -> None:
+    settings = refusing_work_queue(amqp_url, prefix, 0)
     with Publisher(settings) as publisher, pytest.raises(PublishNackedError):
         publisher.publish("full", b"x", delay=0)
     async with AsyncPublisher(settings) as apublisher:
@@ -200,15 +206,7 @@ async def test_a_batch_names_each_failure_and_confirms_the_rest(rmq: Settings, o
 
 @pytest.mark.usefixtures("pika_path", "aio_path")
 async def test_a_nacked_batch_fails_message_by_message(amqp_url: str, prefix: str) -> None:
-    settings = Settings(
-        url=amqp_url, prefix=prefix, max_delay="1m", queue_type="classic", schedule_journal=False
-    )
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    connection.channel().queue_declare(
-        work_queue(settings, "full"),
-        arguments={"x-max-length": 1, "x-overflow": "reject-publish"},
-    )
-    connection.close()
+    settings = refusing_work_queue(amqp_url, prefix, 1)
     requests = [{"destination": "full", "body": str(i), "delay": 0} for i in range(5)]
     with Publisher(settings) as publisher, pytest.raises(BatchPublishError) as sync_info:
         publisher.publish_many(requests)

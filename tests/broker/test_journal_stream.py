@@ -21,6 +21,7 @@ from rmqdelay.amqp.journal import (
     read_journal_async,
 )
 from rmqdelay.core.journal import JournalRecord, encode_record, journal_name
+from tests.helpers.cli import invoke, settings_env
 
 
 def _append(settings: Settings, records: list[JournalRecord]) -> None:
@@ -170,33 +171,22 @@ async def test_async_cancel_and_list(settings: Settings) -> None:
 def test_the_cli_lists_and_cancels_and_exits_0_only_when_all_were_cancelled(
     settings: Settings,
 ) -> None:
-    from click.testing import CliRunner
-
-    from rmqdelay.cli import app
-
     now = time.time_ns() // 10**6
     _append(
         settings,
         [JournalRecord("scheduled", f"c{i}", "orders", now + 60_000 + i) for i in range(3)],
     )
-    env = {
-        "RMQDELAY_URL": settings.url.get_secret_value(),
-        "RMQDELAY_PREFIX": settings.prefix,
-        "RMQDELAY_MAX_DELAY": "1m",
-    }
-    runner = CliRunner()
-    done = runner.invoke(app, ["cancel", "c0", "--json"], env=env)
+    env = settings_env(settings)
+    done = invoke(env, "cancel", "c0", "--json")
     assert done.exit_code == 0, done.output
     assert '"outcome":"cancelled"' in done.output
-    mixed = runner.invoke(app, ["cancel", "c1", "nobody"], env=env)
+    mixed = invoke(env, "cancel", "c1", "nobody")
     assert mixed.exit_code == 1
     assert "c1: cancelled" in mixed.output and "nobody: unknown" in mixed.output
-    listed = runner.invoke(app, ["scheduled", "list", "--json"], env=env)
+    listed = invoke(env, "scheduled", "list", "--json")
     assert listed.exit_code == 0, listed.output
     assert [line.split('"')[3] for line in listed.output.splitlines()] == ["c2"]
-    off = runner.invoke(
-        app, ["scheduled", "list"], env={**env, "RMQDELAY_SCHEDULE_JOURNAL": "false"}
-    )
+    off = invoke({**env, "RMQDELAY_SCHEDULE_JOURNAL": "false"}, "scheduled", "list")
     assert off.exit_code == 1 and "schedule_journal" in off.output
 
 
@@ -223,10 +213,6 @@ def _partition_journal(settings: Settings) -> tuple[int, list[str]]:
 def test_after_a_partition_list_shows_every_copy_ahead_and_cancel_stops_each(
     settings: Settings, amqp_url: str
 ) -> None:
-    from click.testing import CliRunner
-
-    from rmqdelay.cli import app
-
     d, ids = _partition_journal(settings)
     confirmed, late = d + 60_400, d + 30_200
     connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
@@ -252,25 +238,20 @@ def test_after_a_partition_list_shows_every_copy_ahead_and_cancel_stops_each(
     finally:
         connection.close()
 
-    env = {
-        "RMQDELAY_URL": amqp_url,
-        "RMQDELAY_PREFIX": settings.prefix,
-        "RMQDELAY_MAX_DELAY": "1m",
-    }
-    runner = CliRunner()
-    rows = runner.invoke(app, ["scheduled", "list", "--json"], env=env)
+    env = settings_env(settings, url=amqp_url)
+    rows = invoke(env, "scheduled", "list", "--json")
     assert rows.exit_code == 0, rows.output
     p6 = [json.loads(line) for line in rows.output.splitlines() if '"p6"' in line]
     assert [(r["due_at_ms"], r["copy"], r["copies"]) for r in p6] == [
         (late + 30_000, 1, 2),
         (confirmed + 30_000, 2, 2),
     ]
-    table = runner.invoke(app, ["scheduled", "list", "-d", "orders"], env=env)
+    table = invoke(env, "scheduled", "list", "-d", "orders")
     assert table.exit_code == 0, table.output
     assert "copy" in table.output and "2/2" in table.output
     assert "15 message id(s) with more than one copy ahead" not in table.output  # p5 gone
     assert "14 message id(s) with more than one copy ahead" in table.output
-    said = runner.invoke(app, ["cancel", "p6", "p1"], env=env)
+    said = invoke(env, "cancel", "p6", "p1")
     assert said.exit_code == 0, said.output
     assert "p6: cancelled 2 copies (were due" in said.output
     assert "; 1 more already due)" in said.output

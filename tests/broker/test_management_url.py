@@ -6,10 +6,7 @@ setting, and never turn into bindings reported missing.
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 import urllib.parse
 import uuid
 from collections.abc import Iterator
@@ -19,23 +16,12 @@ from broker import BrokerInfo
 
 from rmqdelay import Settings, TopologyManager
 from tests.helpers.brokerctl import BrokerAdmin, make_prefix
+from tests.helpers.cli import rmqdelay_env, run_cli
+from tests.helpers.support import closed_port
 
 
-def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rmqdelay.cli", "topology", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def _closed_port() -> int:
-    """A local port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def topology(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(env, "topology", *args, timeout=120)
 
 
 @pytest.fixture
@@ -50,26 +36,25 @@ def env(amqp_url: str, admin: BrokerAdmin) -> Iterator[dict[str, str]]:
     """The CLI's environment, with the topology applied for ``jobs``: one for the module,
     whose tests only read it."""
     prefix = make_prefix("management-url")
-    env = {**os.environ, "RMQDELAY_URL": amqp_url, "RMQDELAY_PREFIX": prefix, "COLUMNS": "250"}
-    env["RMQDELAY_MAX_DELAY"] = "1m"
-    env.pop("RMQDELAY_MANAGEMENT_URL", None)
+    env = rmqdelay_env(amqp_url, prefix, max_delay="1m", management_url=None)
+    env["COLUMNS"] = "250"
     try:
-        assert run(env, "apply", "-d", "jobs").returncode == 0
+        assert topology(env, "apply", "-d", "jobs").returncode == 0
         yield env
     finally:
         admin.cleanup_prefix(prefix)
 
 
 def test_unreachable_management_url_is_said_not_missing(env: dict[str, str]) -> None:
-    wrong = f"http://127.0.0.1:{_closed_port()}"
-    verify = run(env, "verify", "-d", "jobs", "--management-url", wrong)
+    wrong = f"http://127.0.0.1:{closed_port()}"
+    verify = topology(env, "verify", "-d", "jobs", "--management-url", wrong)
     assert verify.returncode == 1
     assert "missing" not in verify.stdout + verify.stderr
     line = " ".join(verify.stderr.split())  # rich may wrap
     assert f"the management API at {wrong} is unreachable" in line
     assert "RMQDELAY_MANAGEMENT_URL" in line and "--management-url" in line
 
-    plan = run({**env, "RMQDELAY_MANAGEMENT_URL": wrong}, "plan", "-d", "jobs")
+    plan = topology({**env, "RMQDELAY_MANAGEMENT_URL": wrong}, "plan", "-d", "jobs")
     assert plan.returncode == 1 and "unreachable" in plan.stderr
     assert "missing" not in plan.stdout and "unchecked" in plan.stdout
 
@@ -77,11 +62,11 @@ def test_unreachable_management_url_is_said_not_missing(env: dict[str, str]) -> 
 def test_the_right_management_url_checks_bindings(
     env: dict[str, str], management_url: str, amqp_url: str
 ) -> None:
-    verify = run(env, "verify", "-d", "jobs", "--management-url", management_url)
+    verify = topology(env, "verify", "-d", "jobs", "--management-url", management_url)
     assert verify.returncode == 0, verify.stderr
     assert "is complete" in verify.stdout and verify.stderr == ""
 
-    plan = run(env, "plan", "-d", "jobs", "--show-ok", "--management-url", management_url)
+    plan = topology(env, "plan", "-d", "jobs", "--show-ok", "--management-url", management_url)
     assert plan.returncode == 0, plan.stderr
     assert "unchecked" not in plan.stdout and "binding" in plan.stdout
 
@@ -100,7 +85,7 @@ def test_management_url_credentials_win_and_stay_hidden(
     admin.add_user(user, password, ".*", ".*", ".*", vhost=admin.vhost)
     parts = urllib.parse.urlsplit(management_url)
     with_creds = parts._replace(netloc=f"{user}:{password}@{parts.netloc}").geturl()
-    verify = run({**env, "RMQDELAY_MANAGEMENT_URL": with_creds}, "verify", "-d", "jobs")
+    verify = topology({**env, "RMQDELAY_MANAGEMENT_URL": with_creds}, "verify", "-d", "jobs")
     assert verify.returncode == 1
     assert "refused the credentials (HTTP 401)" in verify.stderr
     assert password not in verify.stdout + verify.stderr
@@ -110,9 +95,11 @@ def test_management_url_credentials_win_and_stay_hidden(
 def test_several_management_urls_are_tried_in_order(
     env: dict[str, str], management_url: str, amqp_url: str
 ) -> None:
-    wrong = f"http://127.0.0.1:{_closed_port()}"
+    wrong = f"http://127.0.0.1:{closed_port()}"
     several = {**env, "RMQDELAY_URL": f"{amqp_url},{amqp_url}"}  # a list: one vhost taken
-    verify = run(several, "verify", "-d", "jobs", "--management-url", f"{wrong},{management_url}")
+    verify = topology(
+        several, "verify", "-d", "jobs", "--management-url", f"{wrong},{management_url}"
+    )
     assert verify.returncode == 0, verify.stderr
     assert "is complete" in verify.stdout and verify.stderr == ""
 
@@ -128,6 +115,8 @@ def test_several_management_urls_are_tried_in_order(
         assert m.discover_destinations() == ["jobs"]
 
     # none answers: each is named, and the setting
-    nowhere = run(env, "verify", "--management-url", f"{wrong},http://127.0.0.1:{_closed_port()}")
+    nowhere = topology(
+        env, "verify", "--management-url", f"{wrong},http://127.0.0.1:{closed_port()}"
+    )
     assert nowhere.returncode == 1
     assert " ".join(nowhere.stderr.split()).count("is unreachable") == 2

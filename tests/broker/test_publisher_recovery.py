@@ -33,7 +33,8 @@ from rmqdelay.amqp.aio_publisher import _is_open
 from rmqdelay.amqp.connections import connect_async, connect_blocking
 from rmqdelay.settings import SecretUrl
 from tests.helpers.brokerctl import BrokerAdmin
-from tests.helpers.support import Collector, work_queue
+from tests.helpers.support import Collector
+from tests.helpers.worker_helpers import work_queue
 
 T = TypeVar("T")
 BOUND = 10.0

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import rmqdelay_env
 from tests.helpers.readme_blocks import PYTHON_BLOCKS
 
 # tests/unit/test_readme_blocks.py checks that there are blocks to run
@@ -21,12 +21,7 @@ def test_readme_python_block_runs(code: str, amqp_url: str, prefix: str, tmp_pat
     script = tmp_path / "example.py"
     script.write_text(code)
     # a one-day maximum keeps the test's topology small on a shared broker
-    env = {
-        **os.environ,
-        "RMQDELAY_URL": amqp_url,
-        "RMQDELAY_PREFIX": prefix,
-        "RMQDELAY_MAX_DELAY": "1d",
-    }
+    env = rmqdelay_env(amqp_url, prefix, max_delay="1d")
     result = subprocess.run(
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
     )

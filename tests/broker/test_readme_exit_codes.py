@@ -7,12 +7,9 @@ exceeds), on the test broker under a fresh prefix; no example gets as far as sen
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.helpers.cli import rmqdelay_env, run_cli
 from tests.helpers.readme_blocks import exit_code_examples
 
 EXAMPLES = exit_code_examples()  # tests/unit/test_readme_blocks.py: one of each code at least
@@ -22,16 +19,8 @@ EXAMPLES = exit_code_examples()  # tests/unit/test_readme_blocks.py: one of each
 def test_the_readme_exit_code_examples_exit_as_it_says(
     code: int, example: str, amqp_url: str, prefix: str
 ) -> None:
-    env = {**os.environ, "RMQDELAY_URL": str(amqp_url), "RMQDELAY_PREFIX": prefix}
-    env.pop("RMQDELAY_MAX_DELAY", None)  # "by default"
-    result = subprocess.run(
-        [sys.executable, "-m", "rmqdelay.cli", "publish", "jobs", "x", *example.split()],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    env = rmqdelay_env(str(amqp_url), prefix)  # no max_delay: "by default"
+    result = run_cli(env, "publish", "jobs", "x", *example.split())
     said = result.stderr + result.stdout
     assert result.returncode == code, (example, result.returncode, said)
     lines = [line for line in result.stderr.splitlines() if line.strip()]

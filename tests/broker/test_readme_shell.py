@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.cli import rmqdelay_env
 from tests.helpers.readme_blocks import RUNNABLE_SH, commands
 
 # tests/unit/test_readme_blocks.py checks that the quickstart's block is among these
@@ -22,13 +23,9 @@ from tests.helpers.readme_blocks import RUNNABLE_SH, commands
 
 @pytest.mark.parametrize("block", RUNNABLE_SH, ids=[f"sh{i}" for i in range(len(RUNNABLE_SH))])
 def test_readme_shell_block_runs(block: str, amqp_url: str, prefix: str) -> None:
-    env = {
-        **os.environ,
-        "RMQDELAY_URL": amqp_url,
-        "RMQDELAY_PREFIX": prefix,
-        "RMQDELAY_MAX_DELAY": "1d",  # a small topology on the shared broker
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-    }
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    # a one-day maximum keeps the test's topology small on a shared broker
+    env = rmqdelay_env(amqp_url, prefix, max_delay="1d", extra={"PATH": path})
     # the example's own broker URL gives way to the test broker's
     script = "\n".join(c for c in commands(block) if not c.startswith("export RMQDELAY_URL="))
     result = subprocess.run(

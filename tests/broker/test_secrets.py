@@ -5,21 +5,16 @@ Settings errors, ``mask_url`` and the log formatter: tests/unit/test_secret_mask
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from broker import BrokerInfo
-from pydantic import ValidationError
 
 from rmqdelay import Settings
 from rmqdelay.amqp.connections import connect_async, connect_blocking
@@ -27,6 +22,9 @@ from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.errors import RmqDelayError
 from rmqdelay.settings import mask_url
 from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.cli import CLI, rmqdelay_env, run_cli
+from tests.helpers.hidden import assert_hidden, error_of
+from tests.helpers.support import closed_port
 
 WORKER_APP = """\
 from rmqdelay import Worker
@@ -40,7 +38,7 @@ async def handle(body: bytes) -> None:
 """
 
 
-WORKER_CMD = (sys.executable, "-m", "rmqdelay.cli", "worker", "secret_app:app")
+WORKER_CMD = (*CLI, "worker", "secret_app:app")
 
 
 @pytest.fixture
@@ -60,19 +58,6 @@ def url_of(amqp_url: str, user: str, password: str, vhost: str | None = None) ->
     parts = urlsplit(str(amqp_url))
     netloc = f"{user}:{password}@{parts.hostname}:{parts.port or 5672}"
     return urlunsplit(parts._replace(netloc=netloc, path=parts.path if vhost is None else vhost))
-
-
-def assert_hidden(secret: str, *texts: object) -> None:
-    for text in texts:
-        assert secret not in str(text), str(text)
-
-
-def error_of(call: Callable[[], Any]) -> BaseException:
-    try:
-        call()
-    except (ValidationError, RmqDelayError, ValueError) as exc:
-        return exc
-    raise AssertionError("no error")
 
 
 # --------------------------------------------------------------------------- the library
@@ -114,15 +99,7 @@ def test_a_failed_publish_hides_the_password(secret: str, user: str, amqp_url: s
 
 def run(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:
     """Run the CLI; everything it printed, stdout and stderr."""
-    result = subprocess.run(
-        [sys.executable, "-m", "rmqdelay.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
+    result = run_cli(env, *args, cwd=cwd)
     assert result.returncode != 0, (args, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     return result.stdout + result.stderr
@@ -131,8 +108,7 @@ def run(env: dict[str, str], *args: str, cwd: Path | None = None) -> str:
 def test_no_cli_error_prints_the_password(
     amqp_url: str, admin: BrokerAdmin, prefix: str, secret: str, user: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "1h"}
-    env.pop("RMQDELAY_URL", None)
+    env = rmqdelay_env(prefix=prefix, max_delay="1h")
     good = url_of(amqp_url, user, secret)
     wrong = url_of(amqp_url, urlsplit(str(amqp_url)).username or "guest", secret)
     config = tmp_path / "rmqdelay.toml"
@@ -165,7 +141,7 @@ def test_the_worker_never_logs_the_password(
     amqp_url: str, secret: str, user: str, prefix: str, tmp_path: Path
 ) -> None:
     (tmp_path / "secret_app.py").write_text(WORKER_APP)
-    env = {**os.environ, "RMQDELAY_PREFIX": prefix}
+    env = rmqdelay_env(prefix=prefix)
     wrong = url_of(amqp_url, urlsplit(str(amqp_url)).username or "guest", secret)
     for url in (wrong, url_of(amqp_url, user, secret)):  # wrong password; no work queue
         said = run({**env, "RMQDELAY_URL": url}, "worker", "secret_app:app", cwd=tmp_path)
@@ -219,7 +195,7 @@ def test_several_urls_each_with_its_own_password_never_show(
         f"amqp://b:{passwords[1]}@127.0.0.1:2/%2F",
         url_of(amqp_url, good_user, passwords[2]),  # the broker refuses the login
     ]
-    closed = f"http://m:{passwords[3]}@127.0.0.1:{_closed_port()}"
+    closed = f"http://m:{passwords[3]}@127.0.0.1:{closed_port()}"
 
     def hidden(*texts: object) -> None:
         for password in passwords:
@@ -230,8 +206,7 @@ def test_several_urls_each_with_its_own_password_never_show(
     assert "refused the login" in str(sync)
     hidden(sync, repr(sync), settings, settings.model_dump_json())
 
-    env = {**os.environ, "RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "1h"}
-    env |= {"RMQDELAY_URL": ",".join(urls), "RMQDELAY_MANAGEMENT_URL": closed}
+    env = rmqdelay_env(",".join(urls), prefix, max_delay="1h", management_url=closed)
     for args in (
         ("topology", "verify", "-d", "jobs"),
         ("topology", "plan"),
@@ -262,9 +237,3 @@ def test_several_urls_each_with_its_own_password_never_show(
     assert "127.0.0.1:1" in said and "127.0.0.1:2" in said
     hidden(said)
 
-
-def _closed_port() -> int:
-    """A local port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

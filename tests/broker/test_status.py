@@ -8,12 +8,11 @@ from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
-from click.testing import CliRunner
 
 from rmqdelay import Publisher, Settings
-from rmqdelay.cli import app
 from rmqdelay.core.plan import plan_delay
 from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.cli import invoke, settings_env
 from tests.helpers.worker_helpers import make_settings
 
 DEST = "counted"
@@ -44,12 +43,8 @@ def _publish_known_mix(settings: Settings) -> dict[str, int]:
 
 
 def _status(settings: Settings, *extra: str, url: str | None = None) -> dict[str, Any]:
-    env = {
-        "RMQDELAY_URL": url or settings.url.get_secret_value(),
-        "RMQDELAY_PREFIX": settings.prefix,
-    }
-    env["RMQDELAY_MAX_DELAY"] = "10m"
-    result = CliRunner().invoke(app, ["status", "--json", *extra], env=env)
+    env = settings_env(settings, url=url or settings.url.get_secret_value())
+    result = invoke(env, "status", "--json", *extra)
     assert result.exit_code == 0, result.output
     data: dict[str, Any] = json.loads(result.output)
     return data
@@ -89,15 +84,7 @@ def test_status_counts_what_was_published_by_either_source(amqp_url: str, prefix
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.5)
-    prometheus = CliRunner().invoke(
-        app,
-        ["status", "--prometheus", "--amqp-only", "-d", DEST],
-        env={
-            "RMQDELAY_URL": settings.url.get_secret_value(),
-            "RMQDELAY_PREFIX": prefix,
-            "RMQDELAY_MAX_DELAY": "10m",
-        },
-    )
+    prometheus = invoke(settings_env(settings), "status", "--prometheus", "--amqp-only", "-d", DEST)
     assert f'rmqdelay_parked_messages{{prefix="{prefix}"}} 1' in prometheus.output
     assert f'destination="{DEST}",state="ready"}} 2' in prometheus.output
 

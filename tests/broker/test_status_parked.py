@@ -10,16 +10,15 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import pika
 import pytest
-from click.testing import CliRunner
 
 from rmqdelay import Settings
 from rmqdelay.amqp import status as amqp_status
 from rmqdelay.amqp.passive import ready_messages
-from rmqdelay.cli import app
 from rmqdelay.core.messages import DESTINATION
 from rmqdelay.core.parking import PARKED_DESTINATION, PARKED_REASON
 from rmqdelay.core.routing import build_key
 from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.cli import invoke, settings_env
 from tests.helpers.worker_helpers import make_settings
 
 DEST = "orders"
@@ -56,14 +55,8 @@ def _parked_now(settings: Settings) -> int | None:
 
 
 def _status(settings: Settings, *extra: str, url: str | None = None) -> dict[str, Any]:
-    env = {
-        "RMQDELAY_URL": url or settings.url.get_secret_value(),
-        "RMQDELAY_PREFIX": settings.prefix,
-    }
-    env["RMQDELAY_MAX_DELAY"] = "10m"
-    result = CliRunner().invoke(
-        app, ["status", "--json", "--parked-by-destination", *extra], env=env
-    )
+    env = settings_env(settings, url=url or settings.url.get_secret_value())
+    result = invoke(env, "status", "--json", "--parked-by-destination", *extra)
     assert result.exit_code == 0, result.output
     data: dict[str, Any] = json.loads(result.output)
     return data
@@ -104,14 +97,9 @@ def test_the_peek_reads_no_more_than_its_limit(amqp_url: str, prefix: str) -> No
     assert not breakdown["complete"]
     assert sum(breakdown["destinations"].values()) + breakdown["unknown"] == 2
     _all_back(settings)
-    plain = CliRunner().invoke(
-        app,
-        ["status", "--amqp-only", "--parked-by-destination", "--parked-limit", "2"],
-        env={
-            "RMQDELAY_URL": settings.url.get_secret_value(),
-            "RMQDELAY_PREFIX": prefix,
-            "RMQDELAY_MAX_DELAY": "10m",
-        },
+    plain = invoke(
+        settings_env(settings),
+        *("status", "--amqp-only", "--parked-by-destination", "--parked-limit", "2"),
         terminal_width=200,
     )
     assert plain.exit_code == 0, plain.output

@@ -19,7 +19,8 @@ import pytest
 
 from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyError, TopologyManager
 from rmqdelay.settings import SecretUrl
-from tests.helpers.support import Collector, work_queue
+from tests.helpers.support import Collector
+from tests.helpers.worker_helpers import work_queue
 
 
 def _openssl(*args: str, cwd: Path) -> None:

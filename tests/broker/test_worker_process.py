@@ -1,15 +1,13 @@
 """The ``rmqdelay worker`` process: SIGKILL loses nothing, SIGTERM drains, exit codes, logs.
 
-The worker runs ``tests/helpers/worker_apps.py:app`` from the console script, configured by
+The worker runs ``tests/helpers/worker_apps.py:app`` in a process of its own, configured by
 ``RMQDELAY_*``; its handlers write one line per event to a log file we poll.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.parse
 from collections import Counter
@@ -22,10 +20,11 @@ import pytest
 from rmqdelay import Settings
 from rmqdelay.amqp.publisher import Publisher
 from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.cli import CLI, run_cli, settings_env
 from tests.helpers.worker_helpers import TestTopology, work_queue
 
-TESTS = Path(__file__).resolve().parents[1] / "helpers"  # worker_apps.py lives there
-RMQDELAY = Path(sys.executable).with_name("rmqdelay")
+ROOT = Path(__file__).resolve().parents[2]  # the worker imports its app from its folder
+APP = "tests.helpers.worker_apps:app"
 
 
 def events(log: Path) -> list[tuple[str, str, int]]:
@@ -53,15 +52,16 @@ def wait_for(
 
 
 class WorkerProcess:
-    """``rmqdelay worker worker_apps:app`` in a subprocess, its output in files."""
+    """``rmqdelay worker tests.helpers.worker_apps:app`` in a subprocess, its output in
+    files."""
 
     def __init__(self, tmp: Path, env: dict[str, str], *args: str) -> None:
         self.stdout = tmp / f"worker-{time.monotonic_ns()}.out"
         self.stderr = self.stdout.with_suffix(".err")
         with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
             self.proc = subprocess.Popen(
-                [str(RMQDELAY), "worker", "worker_apps:app", *args],
-                cwd=TESTS,
+                [*CLI, "worker", APP, *args],
+                cwd=ROOT,
                 env=env,
                 stdout=out,
                 stderr=err,
@@ -101,21 +101,13 @@ def worker_env(
     topology: TestTopology,
     url: str | None = None,
 ) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
-    env.update(
-        RMQDELAY_URL=url or settings.url.get_secret_value(),
-        RMQDELAY_PREFIX=settings.prefix,
-        RMQDELAY_MAX_DELAY="1h",
-        RMQDELAY_QUEUE_TYPE=settings.queue_type,
-        RMQDELAY_CONNECTION_NAME=settings.connection_name,
-        WORKER_TEST_LOG=str(log),
-        WORKER_TEST_SLEEP=str(sleep),
-        WORKER_TEST_BATCH=topology.dest("batch"),
-        WORKER_TEST_SLOW=topology.dest("slow"),
-        PYTHONPATH=str(TESTS),
-        COLUMNS="200",
-    )
-    return env
+    extra = {
+        "WORKER_TEST_LOG": str(log),
+        "WORKER_TEST_SLEEP": str(sleep),
+        "WORKER_TEST_BATCH": topology.dest("batch"),
+        "WORKER_TEST_SLOW": topology.dest("slow"),
+    }
+    return settings_env(settings, url=url or settings.url.get_secret_value(), extra=extra)
 
 
 def depth(settings: Settings, queue: str) -> int:
@@ -251,19 +243,12 @@ def test_cli_errors_name_the_thing_to_fix(
     env = worker_env(settings, tmp_path / "log", sleep=0, topology=shared_topology)
 
     def run(*args: str) -> tuple[int, str]:
-        proc = subprocess.run(
-            [str(RMQDELAY), "worker", *args],
-            cwd=TESTS,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_cli(env, "worker", *args, cwd=ROOT)
         return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
 
     code, text = run("no_such_module:app")
     assert code == 1 and "cannot import module 'no_such_module'" in text
-    code, text = run("worker_apps:app")  # the "slow" work queue does not exist
+    code, text = run(APP)  # the "slow" work queue does not exist
     assert code == 1
     assert f"work queue '{settings.prefix}.work.{slow}'" in text
     assert f"rmqdelay topology apply --destination {slow}" in text

@@ -9,10 +9,6 @@ connection to node 1 (``rmqdelay.amqp.management.same_cluster``).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 
@@ -20,35 +16,20 @@ import pytest
 from broker import BrokerInfo
 
 from tests.helpers.brokerctl import make_prefix
+from tests.helpers.cli import rmqdelay_env, run_cli
 from tests.helpers.cluster_support import Cluster
+from tests.helpers.support import closed_port
 
 pytestmark = pytest.mark.cluster
 
 ORDERS = [(0, 1, 2), (1, 2, 0), (2, 0, 1)]
 
 
-def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rmqdelay.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def ok(env: dict[str, str], *args: str) -> str:
-    result = run(env, *args)
+    result = run_cli(env, *args, timeout=120)
     assert result.returncode == 0, (args, result.stdout, result.stderr)
     assert "error" not in result.stderr and "note" not in result.stderr, result.stderr
     return result.stdout
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture
@@ -56,10 +37,10 @@ def prefix(cluster: Cluster) -> Iterator[str]:
     """The test's own prefix on the cluster; its queues and exchanges are removed after."""
     value = make_prefix("cluster-urls")
     yield value
-    env = {**os.environ, "RMQDELAY_URL": ",".join(cluster.urls), "RMQDELAY_PREFIX": value}
-    env["RMQDELAY_MANAGEMENT_URL"] = cluster.management[0]
-    env["RMQDELAY_MAX_DELAY"] = "1m"
-    run(env, "topology", "destroy", "--yes", "--force", "-d", "jobs")
+    env = rmqdelay_env(
+        ",".join(cluster.urls), value, max_delay="1m", management_url=cluster.management[0]
+    )
+    run_cli(env, "topology", "destroy", "--yes", "--force", "-d", "jobs", timeout=120)
 
 
 def _queues(cluster: Cluster, prefix: str) -> set[str]:
@@ -73,8 +54,7 @@ def _queues(cluster: Cluster, prefix: str) -> set[str]:
 def test_every_command_with_all_urls_in_any_order_and_another_nodes_api(
     cluster: Cluster, prefix: str
 ) -> None:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
-    base |= {"RMQDELAY_PREFIX": prefix, "RMQDELAY_MAX_DELAY": "1m", "COLUMNS": "250"}
+    base = rmqdelay_env(prefix=prefix, max_delay="1m", extra={"COLUMNS": "250"})
     applied = False
     for order in ORDERS:
         first = order[0]  # ordered: each command connects to this node
@@ -104,7 +84,7 @@ def test_every_command_with_all_urls_in_any_order_and_another_nodes_api(
     assert f"{prefix}.work.jobs" in _queues(cluster, prefix)
     # several management URLs: the first does not answer, the next does
     env = {**base, "RMQDELAY_URL": ",".join(cluster.urls)}
-    env["RMQDELAY_MANAGEMENT_URL"] = f"http://127.0.0.1:{_closed_port()},{cluster.management[2]}"
+    env["RMQDELAY_MANAGEMENT_URL"] = f"http://127.0.0.1:{closed_port()},{cluster.management[2]}"
     assert "is complete" in ok(env, "topology", "verify", "-d", "jobs")
     destroyed = ok(env, "topology", "destroy", "--yes", "--force")  # finds -d jobs itself
     assert destroyed.startswith("deleted ")
@@ -115,15 +95,14 @@ def test_another_brokers_api_is_refused(cluster: Cluster, broker: BrokerInfo) ->
     """The cluster's AMQP with the single test broker's API, and the other way round."""
     if not broker.management_url:
         pytest.skip("the test broker's management API is not available")
-    base = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
-    base |= {"RMQDELAY_PREFIX": make_prefix("cluster-other"), "RMQDELAY_MAX_DELAY": "1m"}
+    base = rmqdelay_env(prefix=make_prefix("cluster-other"), max_delay="1m")
     pairs = [
         (",".join(cluster.urls), broker.management_url),
         (broker.url, cluster.management[1]),
     ]
     for url, management in pairs:
         env = {**base, "RMQDELAY_URL": url, "RMQDELAY_MANAGEMENT_URL": management}
-        verify = run(env, "topology", "verify")
+        verify = run_cli(env, "topology", "verify", timeout=120)
         assert verify.returncode == 1
         line = " ".join(verify.stderr.split())
         assert f"the management API at {management} is another broker's" in line, line

@@ -1,21 +1,25 @@
-"""Helpers the broker tests share: a collecting consumer and time in epoch ms."""
+"""Helpers the broker tests share: a collecting consumer, a closed port."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
 
-from rmqdelay import Settings
+from rmqdelay.core.clock import now_ms
 from rmqdelay.core.messages import DUE_AT
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -82,7 +86,3 @@ class Collector:
     async def __aexit__(self, *exc: object) -> None:
         if self._connection is not None:
             await self._connection.close()
-
-
-def work_queue(settings: Settings, destination: str) -> str:
-    return settings.layout.work_queue(destination)

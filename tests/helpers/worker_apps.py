@@ -1,4 +1,4 @@
-"""Worker apps the subprocess tests run with ``rmqdelay worker worker_apps:app``.
+"""Worker apps the subprocess tests run with ``rmqdelay worker tests.helpers.worker_apps:app``.
 
 Settings come from ``RMQDELAY_*``. Each handler appends ``event message_id attempt pid``
 lines to ``$WORKER_TEST_LOG`` (one ``write`` each, so lines survive SIGKILL whole) and

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import socket
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,31 +17,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from pydantic import ValidationError
 
 from rmqdelay import Settings, load_settings
 from rmqdelay.amqp.management import ManagementApi
-from rmqdelay.errors import RmqDelayError
 from rmqdelay.settings import mask_url
 from rmqdelay.worker.logs import StructuredFormatter
+from tests.helpers.hidden import assert_hidden, error_of
+from tests.helpers.support import closed_port
 
 
 @pytest.fixture
 def secret() -> str:
     return uuid.uuid4().hex
-
-
-def assert_hidden(secret: str, *texts: object) -> None:
-    for text in texts:
-        assert secret not in str(text), str(text)
-
-
-def error_of(call: Callable[[], Any]) -> BaseException:
-    try:
-        call()
-    except (ValidationError, RmqDelayError, ValueError) as exc:
-        return exc
-    raise AssertionError("no error")
 
 
 def test_settings_errors_and_repr_hide_the_password(secret: str, tmp_path: Path) -> None:
@@ -133,19 +119,13 @@ def recorder() -> Iterator[tuple[int, list[str]]]:
         server.server_close()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_no_password_of_several_urls_in_any_output(recorder: tuple[int, list[str]]) -> None:
     """Each URL has its own password, the management URLs theirs: none shows anywhere."""
     port, seen = recorder
     p1, p2, p3, pm = (uuid.uuid4().hex for _ in range(4))
     amqp = [f"amqp://u:{p1}@127.0.0.1:1/%2F", f"amqp://v:{p2}@127.0.0.1:2/%2F"]
     amqp.append(f"amqp://w:{p3}@localhost:3/%2F")
-    dead = f"http://m:{pm}@127.0.0.1:{_closed_port()}"
+    dead = f"http://m:{pm}@127.0.0.1:{closed_port()}"
     management = [dead, f"http://m:{pm}@127.0.0.1:{port}/"]
     secrets = (p1, p2, p3, pm)
     settings = Settings(url=amqp, management_url=management)
@@ -217,7 +197,7 @@ def test_no_password_of_several_urls_in_any_output(recorder: tuple[int, list[str
         assert_hidden(secret, *seen, *logins)
 
     # the API's reasons when none answers, and the default API of each AMQP host
-    nowhere = ManagementApi(amqp, [dead, f"http://n:{pm}@127.0.0.1:{_closed_port()}"])
+    nowhere = ManagementApi(amqp, [dead, f"http://n:{pm}@127.0.0.1:{closed_port()}"])
     assert nowhere.problem is not None and nowhere.problem.count("is unreachable") == 2
     default = ManagementApi(amqp)
     assert default.bases == ["http://127.0.0.1:15672", "http://localhost:15672"]
