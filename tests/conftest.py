@@ -19,7 +19,7 @@ import pytest
 from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker
 
 from tests.helpers.brokerctl import BrokerAdmin, make_prefix
-from tests.helpers.worker_helpers import SharedTopology, TestTopology
+from tests.helpers.worker_helpers import SharedTopology, TestTopology, WorkerCase
 
 pytest_plugins = ["tests.helpers.cluster_support"]  # the local_cluster fixture of tests/cluster
 
@@ -115,6 +115,13 @@ def shared_topology(module_topology: SharedTopology, prefix: str) -> TestTopolog
     its own (``worker_helpers.TestTopology``); the parking queues start empty."""
     module_topology.purge_parking()
     return TestTopology(module_topology, prefix)
+
+
+@pytest.fixture
+def worker_case(shared_topology: TestTopology) -> WorkerCase:
+    """A worker of this test's own, for its destination ``jobs`` on the module's topology
+    (``TestTopology.worker``, which takes other destinations and settings)."""
+    return shared_topology.worker()
 
 
 # --------------------------------------------------------------------------- markers

@@ -26,11 +26,11 @@ from rmqdelay.core.parking import (
 )
 from rmqdelay.core.retry import Backoff, Park, Requeue, Retry
 from rmqdelay.core.routing import parse_key
-from rmqdelay.worker import Worker, WorkerError
+from rmqdelay.worker import WorkerError
 from tests.helpers.brokerctl import BrokerAdmin
 from tests.helpers.worker_helpers import (
-    Calls,
     TestTopology,
+    WorkerCase,
     drain,
     parking_queue,
     queue_depth,
@@ -38,19 +38,14 @@ from tests.helpers.worker_helpers import (
     work_queue,
 )
 
-DEST = "jobs"
-
 
 class OrderTimeout(BaseModel):
     order_id: int
     customer: str
 
 
-async def test_success_acks_and_handles_exactly_once(shared_topology: TestTopology) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
+async def test_success_acks_and_handles_exactly_once(worker_case: WorkerCase) -> None:
+    dest, settings, app, calls = worker_case
 
     @app.handler(dest)
     async def handle(msg: OrderTimeout, ctx: Context) -> None:
@@ -58,7 +53,7 @@ async def test_success_acks_and_handles_exactly_once(shared_topology: TestTopolo
 
     acked = {"destination": dest, "outcome": "acked"}
     before = REGISTRY.get_sample_value("rmqdelay_messages_total", acked) or 0
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
+    async with worker_case.running(concurrency=2) as publisher:
         sent = await publisher.publish(
             dest, OrderTimeout(order_id=7, customer="ada"), delay="200ms"
         )
@@ -80,10 +75,8 @@ async def test_success_acks_and_handles_exactly_once(shared_topology: TestTopolo
 async def test_fails_twice_then_succeeds_at_the_retry_delays(
     shared_topology: TestTopology, queue_type: str
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest], queue_type=queue_type)
-    app = Worker(settings)
-    calls = Calls()
+    worker_case = shared_topology.worker(queue_type=queue_type)
+    dest, settings, app, calls = worker_case
     delays = (0.3, 0.6)
 
     @app.handler(dest, max_attempts=5, backoff=Backoff.schedule([f"{d}s" for d in delays]))
@@ -92,7 +85,7 @@ async def test_fails_twice_then_succeeds_at_the_retry_delays(
         if ctx.attempt < 3:
             raise ConnectionError(f"downstream unavailable (attempt {ctx.attempt})")
 
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
+    async with worker_case.running(concurrency=2) as publisher:
         sent = await publisher.publish(dest, {"n": 1}, delay=0, headers={"tenant": "acme"})
         await wait_until(lambda: len(calls) >= 3, 15, "three handler calls")
         await asyncio.sleep(0.5)
@@ -121,12 +114,9 @@ PROPERTIES: dict[str, Any] = {
 
 
 async def test_always_failing_message_is_parked_after_max_attempts(
-    shared_topology: TestTopology,
+    worker_case: WorkerCase,
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
+    dest, settings, app, calls = worker_case
 
     @app.handler(dest, max_attempts=3, backoff=Backoff.constant("50ms"))
     async def handle(msg: bytes, ctx: Context) -> None:
@@ -134,7 +124,7 @@ async def test_always_failing_message_is_parked_after_max_attempts(
         raise ValueError(f"cannot charge card (attempt {ctx.attempt})")
 
     parking = parking_queue(settings)
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         sent = await publisher.publish(
             dest, b"\x00raw", delay=0, headers={"tenant": "acme"}, **PROPERTIES
         )
@@ -167,7 +157,7 @@ async def test_always_failing_message_is_parked_after_max_attempts(
 
 
 async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
-    shared_topology: TestTopology,
+    worker_case: WorkerCase,
 ) -> None:
     """The dead-letter cycle trap. Before RabbitMQ 4.0.1, a message dead-lettered into a
     queue already in its ``x-death`` (with no rejection in between) is dropped silently.
@@ -184,8 +174,7 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
     (A 170 ms delay, tiers 160 ms and 10 ms, once failed the test: a retry sent 10 ms
     late took tier 160 ms alone.)
     """
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
+    dest, settings, app, calls = worker_case
     layout = settings.layout
     plan = plan_delay(layout, 2_870_000, dest)
     assert [t.ttl_ms for t in plan.hops] == [2560, 160, 150]
@@ -193,8 +182,6 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
     for late in range(16):  # units of 10 ms
         hops = plan_delay(layout, (plan.units - late) * 10_000, dest).hops
         assert hops[0] == plan.hops[0] and hops[1].queue == trap, late
-    app = Worker(settings)
-    calls = Calls()
     failures = 2
 
     @app.handler(dest, max_attempts=10, backoff=Backoff.constant("2870ms"))
@@ -203,7 +190,7 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
         if ctx.attempt <= failures:
             raise Retry(reason="not yet")
 
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         sent = await publisher.publish(dest, "cycle", delay="2870ms")
         await wait_until(
             lambda: len(calls) >= failures + 1,
@@ -231,11 +218,8 @@ async def test_retries_cycle_through_the_same_tiers_and_are_still_delivered(
         assert all(d["count"] == 1 and d["reason"] == "expired" for d in deaths.values())
 
 
-async def test_requeue_delivers_the_message_again(shared_topology: TestTopology) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
+async def test_requeue_delivers_the_message_again(worker_case: WorkerCase) -> None:
+    dest, settings, app, calls = worker_case
 
     @app.handler(dest)
     async def handle(msg: str, ctx: Context) -> None:
@@ -243,7 +227,7 @@ async def test_requeue_delivers_the_message_again(shared_topology: TestTopology)
         if len(calls) == 1:
             raise Requeue("lock busy")
 
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         sent = await publisher.publish(dest, "again", delay=0)
         await wait_until(lambda: len(calls) >= 2, 10, "the second delivery")
         await asyncio.sleep(0.3)
@@ -257,10 +241,8 @@ async def test_requeue_delivers_the_message_again(shared_topology: TestTopology)
 async def test_requeue_forever_is_parked_by_the_quorum_delivery_limit(
     shared_topology: TestTopology,
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest], delivery_limit=3)
-    app = Worker(settings)
-    calls = Calls()
+    worker_case = shared_topology.worker(delivery_limit=3)
+    dest, settings, app, calls = worker_case
 
     @app.handler(dest)
     async def handle(msg: str, ctx: Context) -> None:
@@ -268,7 +250,7 @@ async def test_requeue_forever_is_parked_by_the_quorum_delivery_limit(
         raise Requeue("never ready")
 
     parking = parking_queue(settings)
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         sent = await publisher.publish(dest, "loop", delay=0)
         deadline = time.monotonic() + 10
         while await queue_depth(settings, parking) < 1:
@@ -290,10 +272,8 @@ async def test_requeue_forever_on_a_classic_queue_keeps_coming_back(
 ) -> None:
     """Classic queues have no delivery limit: a message requeued forever is never parked.
     It comes back until the handler stops raising Requeue (use Retry to bound it)."""
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest], queue_type="classic")
-    app = Worker(settings)
-    calls = Calls()
+    worker_case = shared_topology.worker(queue_type="classic")
+    dest, settings, app, calls = worker_case
     rounds = 30
 
     @app.handler(dest)
@@ -302,7 +282,7 @@ async def test_requeue_forever_on_a_classic_queue_keeps_coming_back(
         if len(calls) < rounds:
             raise Requeue("never ready")
 
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         await publisher.publish(dest, "loop", delay=0)
         await wait_until(lambda: len(calls) >= rounds, 10, f"{rounds} deliveries")
         await asyncio.sleep(0.3)
@@ -313,19 +293,16 @@ async def test_requeue_forever_on_a_classic_queue_keeps_coming_back(
 
 
 async def test_invalid_body_is_parked_at_once_with_a_clear_reason(
-    shared_topology: TestTopology,
+    worker_case: WorkerCase,
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
+    dest, settings, app, calls = worker_case
 
     @app.handler(dest, max_attempts=5)
     async def handle(msg: OrderTimeout, ctx: Context) -> None:
         calls.record(msg, ctx)
 
     parking = parking_queue(settings)
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         sent = await publisher.publish(dest, {"order_id": "seven"}, delay=0)
         deadline = time.monotonic() + 10
         while await queue_depth(settings, parking) < 1:
@@ -344,10 +321,9 @@ async def test_invalid_body_is_parked_at_once_with_a_clear_reason(
 async def test_park_signal_and_unmatched_errors_park_without_retrying(
     shared_topology: TestTopology,
 ) -> None:
-    a, b, c = (shared_topology.dest(name) for name in "abc")
-    settings = shared_topology.settings([a, b, c])
-    app = Worker(settings, retry_on=(ConnectionError,))
-    calls = Calls()
+    worker_case = shared_topology.worker(*"abc", options={"retry_on": (ConnectionError,)})
+    a, settings, app, calls = worker_case
+    b, c = shared_topology.dest("b"), shared_topology.dest("c")
 
     @app.handler(a)
     async def park_it(msg: str, ctx: Context) -> None:
@@ -364,7 +340,7 @@ async def test_park_signal_and_unmatched_errors_park_without_retrying(
         calls.record(msg, ctx)
         raise Retry(delay="2h")  # over max_delay=1h: cannot go round the tiers
 
-    async with AsyncPublisher(settings) as publisher, app.running():
+    async with worker_case.running() as publisher:
         for destination in (a, b, c):
             await publisher.publish(destination, "x", delay=0)
         deadline = time.monotonic() + 10
@@ -386,10 +362,9 @@ async def test_park_signal_and_unmatched_errors_park_without_retrying(
 async def test_context_publish_from_async_and_sync_handlers(
     shared_topology: TestTopology,
 ) -> None:
-    start_, sync_, done_ = (shared_topology.dest(name) for name in ("start", "sync", "done"))
-    settings = shared_topology.settings([start_, sync_, done_])
-    app = Worker(settings)
-    calls = Calls()
+    worker_case = shared_topology.worker("start", "sync", "done")
+    start_, _, app, calls = worker_case
+    sync_, done_ = shared_topology.dest("sync"), shared_topology.dest("done")
 
     @app.handler(start_)
     async def start(msg: dict[str, int], ctx: Context) -> None:
@@ -403,7 +378,7 @@ async def test_context_publish_from_async_and_sync_handlers(
     async def done(msg: dict[str, int], ctx: Context) -> None:
         calls.record(msg, ctx)
 
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
+    async with worker_case.running(concurrency=2) as publisher:
         await publisher.publish(start_, {"n": 1}, delay=0)
         await wait_until(lambda: len(calls) >= 1, 10, "the chained message")
     assert calls.items[0].value == {"n": 3}
@@ -412,13 +387,11 @@ async def test_context_publish_from_async_and_sync_handlers(
 async def test_connection_loss_reconnects_and_finishes_every_message(
     shared_topology: TestTopology, admin: BrokerAdmin
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest], connection_name=f"{shared_topology.prefix}-w")
+    worker_case = shared_topology.worker(connection_name=f"{shared_topology.prefix}-w")
+    dest, settings, app, calls = worker_case
     publish_settings = settings.model_copy(
         update={"connection_name": f"{shared_topology.prefix}-p"}
     )
-    app = Worker(settings)
-    calls = Calls()
     total = 40
 
     @app.handler(dest)
@@ -449,9 +422,7 @@ async def test_connection_loss_reconnects_and_finishes_every_message(
 
 
 async def test_missing_work_queue_is_a_clear_startup_error(shared_topology: TestTopology) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
+    app = shared_topology.worker().app
 
     @app.handler(shared_topology.dest("nowhere"))
     async def handle(msg: bytes) -> None:

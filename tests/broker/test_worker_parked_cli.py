@@ -6,16 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-from click.testing import CliRunner
-
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
-from rmqdelay.cli import app as cli_app
 from rmqdelay.core.context import Context
 from rmqdelay.core.retry import Backoff
 from rmqdelay.settings import Settings
-from rmqdelay.worker import Worker
+from tests.helpers.cli import invoke, settings_env
 from tests.helpers.worker_helpers import (
-    Calls,
     TestTopology,
     drain,
     parking_queue,
@@ -24,19 +20,10 @@ from tests.helpers.worker_helpers import (
     work_queue,
 )
 
-runner = CliRunner()
-
 
 async def cli(settings: Settings, *args: str) -> tuple[int, str]:
     """Run the CLI in a thread (it runs its own event loop); return code and output."""
-    env = {
-        "RMQDELAY_URL": settings.url.get_secret_value(),
-        "RMQDELAY_PREFIX": settings.prefix,
-        "RMQDELAY_MAX_DELAY": "1h",
-        "RMQDELAY_CONNECTION_NAME": settings.connection_name,
-        "COLUMNS": "200",
-    }
-    result = await asyncio.to_thread(runner.invoke, cli_app, list(args), env=env)
+    result = await asyncio.to_thread(invoke, settings_env(settings), *args)
     return result.exit_code, result.output
 
 
@@ -50,10 +37,9 @@ async def wait_parked(settings: Settings, count: int) -> None:
 
 
 async def test_parked_list_then_replay_delivers_them_back(shared_topology: TestTopology) -> None:
-    orders, emails = shared_topology.dest("orders"), shared_topology.dest("emails")
-    settings = shared_topology.settings([orders, emails])
-    app = Worker(settings)
-    calls = Calls()
+    worker_case = shared_topology.worker("orders", "emails")
+    orders, settings, app, calls = worker_case
+    emails = shared_topology.dest("emails")
     broken = True
 
     @app.handler(orders, max_attempts=2, backoff=Backoff.constant("50ms"))
@@ -62,7 +48,7 @@ async def test_parked_list_then_replay_delivers_them_back(shared_topology: TestT
         if broken:
             raise RuntimeError("payment service down")
 
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=3):
+    async with worker_case.running(concurrency=3) as publisher:
         sent = await publisher.publish_many(
             {"destination": orders, "body": {"order": i}, "delay": 0, "headers": {"k": i}}
             for i in range(3)
@@ -111,9 +97,8 @@ async def test_parked_list_then_replay_delivers_them_back(shared_topology: TestT
 
 
 async def test_parked_replay_with_a_limit_and_purge(shared_topology: TestTopology) -> None:
-    orders, emails = shared_topology.dest("orders"), shared_topology.dest("emails")
-    settings = shared_topology.settings([orders, emails])
-    app = Worker(settings)
+    orders, settings, app, _ = shared_topology.worker("orders", "emails")
+    emails = shared_topology.dest("emails")
 
     @app.handler(orders)
     async def handle_orders(msg: dict[str, int]) -> None:

@@ -1,19 +1,21 @@
-"""Helpers for the worker tests: settings with topology, polling, and queue inspection."""
+"""Helpers for the worker tests: settings with topology, a test's worker and its calls,
+polling, and queue inspection."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import aio_pika
 import pika
 
-from rmqdelay import Settings
+from rmqdelay import AsyncPublisher, Settings, Worker
 from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.context import Context
 
@@ -103,6 +105,35 @@ class TestTopology:
         """See :meth:`SharedTopology.settings`; connections are named after the test."""
         extra.setdefault("connection_name", self.prefix)
         return self.shared.settings(destinations, **extra)
+
+    def worker(
+        self, *names: str, options: Mapping[str, Any] | None = None, **extra: Any
+    ) -> WorkerCase:
+        """A worker on this test's destinations ``names`` (default ``jobs``; the case's
+        ``dest`` is the first, :meth:`dest` names the others), with the topology declared
+        for them; ``extra`` settings as :meth:`settings` takes them, ``options`` for the
+        :class:`Worker` itself."""
+        dests = [self.dest(name) for name in names or ("jobs",)]
+        settings = self.settings(dests, **extra)
+        return WorkerCase(dests[0], settings, Worker(settings, **(options or {})), Calls())
+
+
+class WorkerCase(NamedTuple):
+    """The opening of a worker test: ``dest, settings, app, calls = case``. Register the
+    handlers on ``app``, then run it with :meth:`running`."""
+
+    dest: str
+    settings: Settings
+    app: Worker
+    calls: Calls
+
+    @asynccontextmanager
+    async def running(self, **options: Any) -> AsyncIterator[AsyncPublisher]:
+        """A publisher on the test's settings, with the worker running (``options`` as
+        :meth:`Worker.running` takes them) until the block ends; then the worker is
+        stopped, so what it did not ack is back in its queue."""
+        async with AsyncPublisher(self.settings) as publisher, self.app.running(**options):
+            yield publisher
 
 
 async def wait_until(
