@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import os
 import re
-import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack
 from types import ModuleType
 from typing import Any
 
+import hypothesis
 import pytest
 from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker
 
-from tests.helpers.brokerctl import BrokerAdmin, make_prefix
+from tests.helpers.brokerctl import BrokerAdmin, make_prefix, release_prefix, server_version
 from tests.helpers.worker_helpers import SharedTopology, TestTopology, WorkerCase
 
 pytest_plugins = ["tests.helpers.cluster_support"]  # the local_cluster fixture of tests/cluster
+
+# No property here is about speed: hypothesis's 200 ms deadline per example measured the
+# machine (a loaded 2-core box failed it at 327 ms), not the code.
+hypothesis.settings.register_profile("rmqdelay", deadline=None)
+hypothesis.settings.load_profile("rmqdelay")
 
 # --------------------------------------------------------------------------- broker
 
@@ -52,15 +57,7 @@ def amqp_url(broker: BrokerInfo) -> str:
 def broker_version(broker: BrokerInfo) -> tuple[int, ...]:
     """The broker's version from its AMQP server properties, e.g. ``(4, 0, 5)``: for
     tests that assert what each RabbitMQ version does (tests/broker/test_broker_versions.py)."""
-    import pika
-
-    connection = pika.BlockingConnection(pika.URLParameters(broker.url))
-    try:
-        raw = getattr(connection, "_impl").server_properties.get("version", b"")  # noqa: B009
-    finally:
-        connection.close()
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+    return tuple(int(part) for part in re.findall(r"\d+", server_version(broker.url))[:3])
 
 
 @pytest.fixture(scope="session")
@@ -85,10 +82,7 @@ def prefix(request: pytest.FixtureRequest) -> Iterator[str]:
         admin = request.getfixturevalue("admin")
     yield value
     if admin is not None:
-        try:
-            admin.cleanup_prefix(value)
-        except Exception as exc:  # a broken broker must not hide the test's own result
-            warnings.warn(f"cleanup of {value}.* failed: {exc!r}", stacklevel=1)
+        release_prefix(admin, value)
 
 
 # --------------------------------------------------------------------------- shared topology
@@ -103,10 +97,7 @@ def module_topology(
     shared = SharedTopology(amqp_url, make_prefix(request.module.__name__.rsplit(".", 1)[-1]))
     yield shared
     for value in shared.prefixes:
-        try:
-            admin.cleanup_prefix(value)
-        except Exception as exc:  # a broken broker must not hide the tests' own results
-            warnings.warn(f"cleanup of {value}.* failed: {exc!r}", stacklevel=1)
+        release_prefix(admin, value)
 
 
 @pytest.fixture

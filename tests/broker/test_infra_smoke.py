@@ -7,6 +7,7 @@ import re
 import time
 import urllib.parse
 import uuid
+import warnings
 from types import ModuleType
 
 import pika
@@ -16,7 +17,7 @@ from brokers import container
 from pika.exceptions import ChannelClosedByBroker, ConnectionClosedByBroker
 
 from tests.helpers.broker_fakes import FakeContainer
-from tests.helpers.brokerctl import BrokerAdmin, delete_prefixed
+from tests.helpers.brokerctl import BrokerAdmin, delete_prefixed, release_prefix
 
 
 def _url_for(amqp_url: str, user: str, password: str) -> str:
@@ -115,13 +116,12 @@ def test_user_without_configure_can_publish_not_declare(
             channel.queue_declare(f"{prefix}.other")
         assert info.value.reply_code == 403  # ACCESS_REFUSED
     assert user in admin.users()
-    # the prefix fixture deletes the user, checked by test_cleanup_removed_everything
+    # the prefix fixture deletes the user (see the prefix cleanup test below)
 
 
-_cleanup_probe: dict[str, str] = {}
-
-
-def test_cleanup_declares(prefix: str, amqp_url: str, admin: BrokerAdmin) -> None:
+def test_the_prefix_cleanup_removes_what_the_test_named_and_nothing_else(
+    prefix: str, amqp_url: str, admin: BrokerAdmin
+) -> None:
     with _connect(amqp_url, f"{prefix}-decl") as conn:
         channel = conn.channel()
         channel.queue_declare(f"{prefix}.q", durable=True)
@@ -129,20 +129,18 @@ def test_cleanup_declares(prefix: str, amqp_url: str, admin: BrokerAdmin) -> Non
         channel.exchange_declare(prefix, "fanout")
         channel.queue_declare(f"{prefix}x.keep")  # not ours: "prefix" + "." is the rule
     admin.add_user(f"{prefix}-u", "pw-not-printed", ".*", ".*", ".*", vhost=admin.vhost)
-    _cleanup_probe["prefix"] = prefix
-
-
-def test_cleanup_removed_everything(admin: BrokerAdmin, amqp_url: str) -> None:
-    old = _cleanup_probe.get("prefix")
-    if old is None:
-        pytest.skip("runs after test_cleanup_declares")
-    queues, exchanges, users = admin.queues(), admin.exchanges(), admin.users()
-    assert f"{old}.q" not in queues
-    assert f"{old}.x" not in exchanges and old not in exchanges
-    assert f"{old}-u" not in users
-    assert f"{old}x.keep" in queues  # outside the prefix: left alone
-    assert delete_prefixed(amqp_url, [f"{old}x.keep"], kind="queue") == 1
-    assert f"{old}x.keep" not in admin.queues()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a failed cleanup only warns: here it fails
+            release_prefix(admin, prefix)  # what the prefix fixture runs after each test
+        queues, exchanges, users = admin.queues(), admin.exchanges(), admin.users()
+        assert f"{prefix}.q" not in queues
+        assert f"{prefix}.x" not in exchanges and prefix not in exchanges
+        assert f"{prefix}-u" not in users
+        assert f"{prefix}x.keep" in queues  # outside the prefix: left alone
+    finally:
+        assert delete_prefixed(amqp_url, [f"{prefix}x.keep"], kind="queue") == 1
+    assert f"{prefix}x.keep" not in admin.queues()
 
 
 # --------------------------------------------------------------------------- broker.py sources

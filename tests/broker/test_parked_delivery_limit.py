@@ -14,7 +14,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import quote
 
 import pika
 import pytest
@@ -162,15 +161,9 @@ def test_a_parking_queue_with_another_limit_still_conflicts(amqp_url: str, prefi
     assert manager.delivery_limit_kept == []
 
 
-def _policy_path(admin: BrokerAdmin, name: str) -> str:
-    return f"/api/policies/{quote(admin.vhost, safe='')}/{quote(name, safe='')}"
-
-
 def _delivery_limit(admin: BrokerAdmin, queue: str) -> object:
     """The limit in force as 4.x's management API reports it (once a stats tick ran)."""
-    path = f"/api/queues/{quote(admin.vhost, safe='')}/{quote(queue, safe='')}"
-    row = admin._request("GET", path)
-    return row.get("delivery_limit") if isinstance(row, dict) else None
+    return admin.queue(queue).get("delivery_limit")
 
 
 async def _reads_until_gone(settings: Settings, most: int) -> int:
@@ -197,13 +190,9 @@ async def test_an_old_parking_queue_on_4_needs_the_policy_and_3_10_nothing(
     assert reads == 21, "4.0's default limit: 20 returns, the 21st drops it"
     if not admin.uses_management_api:
         pytest.skip("setting a policy here needs the management API")
-    path = _policy_path(admin, prefix)
     pattern = "^" + settings.layout.parking.replace(".", "[.]") + "$"
     policy = {"delivery-limit": -1}
-    admin._request(
-        "PUT", path, {"pattern": pattern, "apply-to": "quorum_queues", "definition": policy}
-    )
-    try:
+    with admin.policy(prefix, pattern, policy, apply_to="quorum_queues"):
         deadline = time.monotonic() + 30  # the API shows it after the queue's stats tick
         while _delivery_limit(admin, settings.layout.parking) != "unlimited":
             assert time.monotonic() < deadline, "the policy never reached the parking queue"
@@ -211,5 +200,3 @@ async def test_an_old_parking_queue_on_4_needs_the_policy_and_3_10_nothing(
         _park_one(settings, "orders")
         assert await _reads_until_gone(settings, READS) == READS
         assert await _back(settings) == 1
-    finally:
-        admin._request("DELETE", path, ok404=True)

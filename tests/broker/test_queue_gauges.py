@@ -13,7 +13,7 @@ from rmqdelay.amqp.status import gather_status
 from rmqdelay.core.plan import plan_delay
 from rmqdelay.worker.metrics import refresh_queue_gauges
 from tests.helpers.brokerctl import BrokerAdmin
-from tests.helpers.stuck_hop import management_has_statistics, stuck_hop
+from tests.helpers.stuck_hop import stuck_hop, stuck_hop_settings
 from tests.helpers.worker_helpers import make_settings
 
 DEST = "gauged"
@@ -45,8 +45,7 @@ def test_the_gauges_show_what_waits_in_the_tiers_and_parking(amqp_url: str, pref
 def test_the_gauges_count_and_time_a_tier_stuck_past_its_time(
     amqp_url: str, prefix: str, admin: BrokerAdmin
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST], max_delay="10m", resolution="1s")
-    management_has_statistics(settings)
+    settings = stuck_hop_settings(amqp_url, prefix, DEST)
     with stuck_hop(settings, admin, DEST, 2) as tier:
         labels = {"prefix": prefix, "tier": tier, "ttl_ms": "1000"}
         other = {**labels, "tier": settings.layout.tiers[-1].queue}

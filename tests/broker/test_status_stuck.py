@@ -7,28 +7,20 @@ import json
 import time
 from typing import Any
 
-from click.testing import CliRunner, Result
+from click.testing import Result
 
 from rmqdelay import Settings
-from rmqdelay.cli import app
 from rmqdelay.cli.status import STUCK_EXIT_CODE
 from tests.helpers.brokerctl import BrokerAdmin
-from tests.helpers.stuck_hop import management_has_statistics, stuck_hop
-from tests.helpers.worker_helpers import make_settings
+from tests.helpers.cli import invoke, settings_env
+from tests.helpers.stuck_hop import stuck_hop, stuck_hop_settings
 
 DEST = "late"
 
 
-def _status(settings: Settings, *args: str, **env: str) -> Result:
-    environment = {
-        "RMQDELAY_URL": settings.url.get_secret_value(),
-        "RMQDELAY_PREFIX": settings.prefix,
-        "RMQDELAY_MAX_DELAY": "10m",
-        "RMQDELAY_RESOLUTION": "1s",
-        "COLUMNS": "200",  # rich wraps at the terminal width
-        **env,
-    }
-    return CliRunner().invoke(app, ["status", *args], env=environment, terminal_width=200)
+def _status(settings: Settings, *args: str, env: dict[str, str] | None = None) -> Result:
+    environment = {**settings_env(settings), **(env or {})}
+    return invoke(environment, "status", *args, terminal_width=200)
 
 
 def _json(result: Result) -> dict[str, Any]:
@@ -45,8 +37,7 @@ def _tier(data: dict[str, Any], queue: str) -> dict[str, Any]:
 def test_a_topology_with_nothing_past_its_time_passes_the_check_at_once(
     amqp_url: str, prefix: str
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST], max_delay="10m", resolution="1s")
-    management_has_statistics(settings)
+    settings = stuck_hop_settings(amqp_url, prefix, DEST)
     started = time.monotonic()
     result = _status(settings, "--check", "--stuck-after", "1s")
     assert result.exit_code == 0, result.output
@@ -54,7 +45,9 @@ def test_a_topology_with_nothing_past_its_time_passes_the_check_at_once(
     assert "past their time: 0" in result.stdout
     assert time.monotonic() - started < 5  # one snapshot, no watching
     # without the API, the check cannot tell: an error, not a pass
-    unreachable = _status(settings, "--check", RMQDELAY_MANAGEMENT_URL="http://127.0.0.1:1")
+    unreachable = _status(
+        settings, "--check", env={"RMQDELAY_MANAGEMENT_URL": "http://127.0.0.1:1"}
+    )
     assert unreachable.exit_code == 1, unreachable.output
     assert "--check cannot tell: the status came from AMQP" in unreachable.stderr
     amqp_only = _status(settings, "--check", "--amqp-only")
@@ -64,8 +57,7 @@ def test_a_topology_with_nothing_past_its_time_passes_the_check_at_once(
 def test_a_stuck_hop_is_counted_past_its_time_and_fails_the_check(
     amqp_url: str, prefix: str, admin: BrokerAdmin
 ) -> None:
-    settings = make_settings(amqp_url, prefix, [DEST], max_delay="10m", resolution="1s")
-    management_has_statistics(settings)
+    settings = stuck_hop_settings(amqp_url, prefix, DEST)
     with stuck_hop(settings, admin, DEST, 3) as tier:
         data = _json(_status(settings, "--json"))
         row = _tier(data, tier)

@@ -1,14 +1,15 @@
 """Broker administration for tests: connections, users, cleanup of test entities.
 
-Uses the RabbitMQ management HTTP API (stdlib urllib, basic auth with the AMQP URL's
-credentials) when it answers, else ``rabbitmqctl`` on this machine.  Queues and
-exchanges are deleted over AMQP with pika.
+Uses the RabbitMQ management HTTP API when it answers (rmqdelay's own client reads it;
+:meth:`BrokerAdmin._send` writes what that client does not), else ``rabbitmqctl`` on this
+machine.  Queues and exchanges are deleted over AMQP with pika when the API is not there.
 
 Never put a password in an exception message or a log line: use ``mask_url``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -21,13 +22,26 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import aiormq
 import pika
 from pika.exceptions import ChannelClosed
 
-__all__ = ["BrokerAdmin", "BrokerAdminError", "delete_prefixed", "make_prefix", "matches_prefix"]
+from rmqdelay.amqp.management import ManagementApi, management_location
+from rmqdelay.settings import vhost_of
+
+__all__ = [
+    "BrokerAdmin",
+    "BrokerAdminError",
+    "delete_prefixed",
+    "make_prefix",
+    "matches_prefix",
+    "release_prefix",
+    "server_version",
+]
 
 _GONE = frozenset({"closing", "closed"})  # connection states that count as closed
 
@@ -51,6 +65,31 @@ def make_prefix(test_name: str) -> str:
 def matches_prefix(name: str, prefix: str) -> bool:
     """A test's entities are named ``prefix`` or ``prefix.<anything>``."""
     return name == prefix or name.startswith(prefix + ".")
+
+
+def release_prefix(admin: BrokerAdmin, prefix: str) -> None:
+    """What the fixtures run after a test (or a module) that named entities ``prefix``:
+    :meth:`BrokerAdmin.cleanup_prefix`, warning instead of failing, so a broken broker
+    does not hide the test's own result."""
+    try:
+        admin.cleanup_prefix(prefix)
+    except Exception as exc:
+        warnings.warn(f"cleanup of {prefix}.* failed: {exc!r}", stacklevel=2)
+
+
+def server_version(amqp_url: str) -> str:
+    """The broker's version as its AMQP handshake gives it (aiormq's public
+    ``server_properties``), e.g. ``"3.10.8"``."""
+
+    async def ask() -> str:
+        connection = await aiormq.connect(amqp_url)
+        try:
+            version = connection.server_properties.get("version", "")
+        finally:
+            await connection.close()
+        return version.decode() if isinstance(version, bytes) else str(version)
+
+    return asyncio.run(ask())
 
 
 def _params(amqp_url: str, connection_name: str) -> pika.URLParameters:
@@ -103,15 +142,11 @@ class BrokerAdmin:
     def __init__(
         self, amqp_url: str, management_url: str | None = None, *, timeout: float = 10.0
     ) -> None:
-        parts = urllib.parse.urlsplit(amqp_url)
         self.amqp_url = amqp_url
         self.management_url = management_url.rstrip("/") if management_url else None
         self.timeout = timeout
-        self._user = urllib.parse.unquote(parts.username) if parts.username else "guest"
-        self._password = urllib.parse.unquote(parts.password) if parts.password else "guest"
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        self.vhost = urllib.parse.unquote(path) if path else "/"
-        self._api: bool | None = None if self.management_url else False
+        self.vhost = vhost_of(amqp_url)
+        self._api = ManagementApi(amqp_url, management_url, timeout) if management_url else None
         self._connections_backend: str | None = None
 
     def __repr__(self) -> str:
@@ -122,34 +157,35 @@ class BrokerAdmin:
 
     @property
     def uses_management_api(self) -> bool:
-        if self._api is None:
-            try:
-                overview = self._request("GET", "/api/overview")
-                self._api = isinstance(overview, dict)
-            except (OSError, ValueError):
-                self._api = False
-        return self._api
+        return self._api is not None and self._api.available
 
-    def _request(self, method: str, path: str, body: Any = None, *, ok404: bool = False) -> Any:
+    def _get(self, path: str) -> Any:
+        """GET ``/api/{path}`` through rmqdelay's client."""
+        assert self._api is not None
+        return self._api.get(path)
+
+    def _send(
+        self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None
+    ) -> None:
+        """PUT or DELETE ``/api/{path}``: the writes rmqdelay's client does not make.  A
+        DELETE of what is gone already is fine."""
         assert self.management_url is not None
-        token = base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
-        headers = {"Authorization": f"Basic {token}"}
+        base, user, password = management_location(self.amqp_url, self.management_url)
+        auth = f"{user}:{password}".encode()
+        sent = {"Authorization": f"Basic {base64.b64encode(auth).decode()}", **(headers or {})}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        req = urllib.request.Request(
-            self.management_url + path, data=data, method=method, headers=headers
-        )
+            sent["Content-Type"] = "application/json"
+        req = urllib.request.Request(f"{base}/api/{path}", data=data, method=method, headers=sent)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+            with urllib.request.urlopen(req, timeout=self.timeout):
+                pass
         except urllib.error.HTTPError as exc:
-            if ok404 and exc.code == 404:
-                return None
+            if method == "DELETE" and exc.code == 404:
+                return
             detail = exc.read().decode(errors="replace")[:300]
             raise BrokerAdminError(f"{method} {path}: HTTP {exc.code} {detail}") from None
-        return json.loads(raw) if raw else None
 
     @property
     def is_local_node(self) -> bool:
@@ -202,17 +238,37 @@ class BrokerAdmin:
 
     def broker_version(self) -> str:
         if self.uses_management_api:
-            return str(self._request("GET", "/api/overview")["rabbitmq_version"])
+            return str(self._get("overview")["rabbitmq_version"])
         with contextlib.suppress(Exception):
-            conn = pika.BlockingConnection(_params(self.amqp_url, "rmqdelay-tests-version"))
-            try:
-                impl = getattr(conn, "_impl")  # noqa: B009 (not in pika's type stubs)
-                version = impl.server_properties.get("version", b"")
-            finally:
-                conn.close()
-            if version:
-                return version.decode() if isinstance(version, bytes) else str(version)
+            if version := server_version(self.amqp_url):
+                return version
         return self._ctl("version").stdout.strip()
+
+    def queue(self, name: str) -> dict[str, Any]:
+        """What the management API says of queue *name*."""
+        row: dict[str, Any] = self._get(f"queues/{self._q(self.vhost)}/{self._q(name)}")
+        return row
+
+    # ----------------------------------------------------------------- policies
+
+    @contextlib.contextmanager
+    def policy(
+        self,
+        name: str,
+        pattern: str,
+        definition: dict[str, Any],
+        *,
+        apply_to: str = "queues",
+        priority: int = 0,
+    ) -> Iterator[None]:
+        """Policy *name* on this vhost for the block, deleted after it."""
+        path = f"policies/{self._q(self.vhost)}/{self._q(name)}"
+        body = {"pattern": pattern, "definition": definition, "apply-to": apply_to}
+        self._send("PUT", path, {**body, "priority": priority})
+        try:
+            yield
+        finally:
+            self._send("DELETE", path)
 
     # ----------------------------------------------------------------- connections
 
@@ -248,9 +304,7 @@ class BrokerAdmin:
 
     def _connections(self) -> list[dict[str, Any]]:
         if self.connections_backend == "api":
-            rows = self._request(
-                "GET", "/api/connections?columns=name,client_properties,user,state"
-            )
+            rows = self._get("connections?columns=name,client_properties,user,state")
             return [
                 {
                     "name": row.get("name"),
@@ -337,7 +391,9 @@ class BrokerAdmin:
             if conn["pid"]:
                 self._ctl("close_connection", conn["pid"], reason, check=False)
             else:
-                self._delete_connection(conn["name"], reason)
+                self._send(
+                    "DELETE", f"connections/{self._q(conn['name'])}", headers={"X-Reason": reason}
+                )
         names = {c["name"] for c in found}
         while True:
             remaining = {c["name"] for c in self._connections() if c["state"] not in _GONE} & names
@@ -349,21 +405,6 @@ class BrokerAdmin:
                     f"still open after {timeout:.0f}s"
                 )
             time.sleep(0.25)
-
-    def _delete_connection(self, name: str, reason: str) -> None:
-        assert self.management_url is not None
-        token = base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
-        req = urllib.request.Request(
-            f"{self.management_url}/api/connections/{self._q(name)}",
-            method="DELETE",
-            headers={"Authorization": f"Basic {token}", "X-Reason": reason},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout):
-                pass
-        except urllib.error.HTTPError as exc:
-            if exc.code != 404:  # already gone is fine
-                raise BrokerAdminError(f"closing {name!r}: HTTP {exc.code}") from None
 
     # ----------------------------------------------------------------- users
 
@@ -378,10 +419,10 @@ class BrokerAdmin:
     ) -> None:
         """Create (or reset) user *name* with these permission regexes on *vhost*."""
         if self.uses_management_api:
-            self._request("PUT", f"/api/users/{self._q(name)}", {"password": password, "tags": ""})
-            self._request(
+            self._send("PUT", f"users/{self._q(name)}", {"password": password, "tags": ""})
+            self._send(
                 "PUT",
-                f"/api/permissions/{self._q(vhost)}/{self._q(name)}",
+                f"permissions/{self._q(vhost)}/{self._q(name)}",
                 {"configure": configure, "write": write, "read": read},
             )
             return
@@ -397,16 +438,14 @@ class BrokerAdmin:
     def clear_permissions(self, name: str, vhost: str = "/") -> None:
         """Take every permission of user *name* on *vhost* away (none set is fine)."""
         if self.uses_management_api:
-            self._request(
-                "DELETE", f"/api/permissions/{self._q(vhost)}/{self._q(name)}", ok404=True
-            )
+            self._send("DELETE", f"permissions/{self._q(vhost)}/{self._q(name)}")
             return
         self._ctl("clear_permissions", "-p", vhost, name)
 
     def delete_user(self, name: str) -> None:
         """Delete user *name*; a missing user is fine."""
         if self.uses_management_api:
-            self._request("DELETE", f"/api/users/{self._q(name)}", ok404=True)
+            self._send("DELETE", f"users/{self._q(name)}")
             return
         proc = self._ctl("delete_user", name, check=False)
         if proc.returncode != 0 and "does not exist" not in (proc.stderr + proc.stdout):
@@ -414,26 +453,24 @@ class BrokerAdmin:
 
     def users(self) -> list[str]:
         if self.uses_management_api:
-            return [u["name"] for u in self._request("GET", "/api/users?columns=name")]
+            return [u["name"] for u in self._get("users?columns=name")]
         return [row["user"] for row in self._ctl_json("list_users")]
 
     # ----------------------------------------------------------------- queues, exchanges
 
     def queues(self, vhost: str | None = None) -> list[str]:
-        vhost = self.vhost if vhost is None else vhost
-        if self.uses_management_api:
-            rows = self._request("GET", f"/api/queues/{self._q(vhost)}?columns=name")
-        else:
-            rows = self._ctl_json("list_queues", "-p", vhost, "name")
-        return [r["name"] for r in rows or []]
+        return self._names("queues", vhost)
 
     def exchanges(self, vhost: str | None = None) -> list[str]:
+        return [name for name in self._names("exchanges", vhost) if name]  # "" is the default
+
+    def _names(self, kind: str, vhost: str | None) -> list[str]:
         vhost = self.vhost if vhost is None else vhost
         if self.uses_management_api:
-            rows = self._request("GET", f"/api/exchanges/{self._q(vhost)}?columns=name")
+            rows = self._get(f"{kind}/{self._q(vhost)}?columns=name")
         else:
-            rows = self._ctl_json("list_exchanges", "-p", vhost, "name")
-        return [r["name"] for r in rows or [] if r["name"]]  # "" is the default exchange
+            rows = self._ctl_json(f"list_{kind}", "-p", vhost, "name")
+        return [r["name"] for r in rows or []]
 
     def cleanup_prefix(self, prefix: str) -> dict[str, list[str]]:
         """Delete the queues, exchanges and users named ``prefix`` or ``prefix.*``.
@@ -448,9 +485,7 @@ class BrokerAdmin:
             # over HTTP: it still works when a starved broker stalls AMQP handshakes
             for kind, names in (("queues", queues), ("exchanges", exchanges)):
                 for name in names:
-                    self._request(
-                        "DELETE", f"/api/{kind}/{self._q(self.vhost)}/{self._q(name)}", ok404=True
-                    )
+                    self._send("DELETE", f"{kind}/{self._q(self.vhost)}/{self._q(name)}")
         else:
             if queues:
                 delete_prefixed(self.amqp_url, queues, kind="queue")

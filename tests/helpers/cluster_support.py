@@ -12,8 +12,6 @@ a node works on those local nodes only.
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import urllib.parse
 import urllib.request
@@ -23,8 +21,9 @@ from typing import Any
 
 import pytest
 from brokers import cluster as local_nodes
-from brokers.base import credentials
 from brokers.probe import amqp_ok
+
+from rmqdelay.amqp.management import ManagementApi
 
 URLS_ENV = "RMQDELAY_CLUSTER_URLS"
 MANAGEMENT_ENV = "RMQDELAY_CLUSTER_MANAGEMENT_URLS"
@@ -48,13 +47,7 @@ class Cluster:
 
     def api(self, path: str, node: int = 0) -> Any:
         """GET the management API of *node* (``path`` without the leading /api/)."""
-        user, password = credentials(self.urls[node])
-        auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-        request = urllib.request.Request(
-            f"{self.management[node]}/api/{path}", headers={"Authorization": f"Basic {auth}"}
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return json.load(response)
+        return ManagementApi(self.urls[node], self.management[node], timeout=10).get(path)
 
     def leader(self, queue: str, vhost: str = "/", node: int = 0) -> str:
         """The node that leads quorum queue *queue* (its host node for other types)."""

@@ -16,7 +16,6 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import quote
 
 import pika
 import pika.exceptions
@@ -25,8 +24,9 @@ from rmqdelay import Publisher, Settings
 from rmqdelay.amqp.status import gather_status
 from rmqdelay.core.plan import plan_delay
 from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.worker_helpers import make_settings
 
-__all__ = ["management_has_statistics", "stuck_hop"]
+__all__ = ["management_has_statistics", "stuck_hop", "stuck_hop_settings"]
 
 STATISTICS_WAIT = 30.0
 """The API lists a new queue's counts after its first statistics tick (5 s by default)."""
@@ -41,6 +41,14 @@ def management_has_statistics(settings: Settings) -> None:
             return
         assert time.monotonic() < deadline, f"no statistics for every tier: {status.tiers}"
         time.sleep(0.5)
+
+
+def stuck_hop_settings(amqp_url: str, prefix: str, destination: str) -> Settings:
+    """Settings for these tests: tiers of 1 s to 10 min declared for ``destination`` (a
+    delay of one resolution takes one hop), once the management API counts them."""
+    settings = make_settings(amqp_url, prefix, [destination], max_delay="10m", resolution="1s")
+    management_has_statistics(settings)
+    return settings
 
 
 def _refuse_publishes(settings: Settings, queue: str) -> int:
@@ -70,15 +78,8 @@ def stuck_hop(
     plan = plan_delay(layout, layout.resolution_ms * 1000, destination)
     [hop] = plan.hops
     work = layout.work_queue(destination)
-    policy = f"/api/policies/{quote(admin.vhost, safe='')}/{quote(f'{settings.prefix}-refuse')}"
-    body = {
-        "pattern": f"^{re.escape(work)}$",
-        "definition": {"max-length": 0},
-        "apply-to": "queues",
-        "priority": 100,
-    }
-    admin._request("PUT", policy, body)
-    try:
+    refuse = {"max-length": 0}
+    with admin.policy(f"{settings.prefix}-refuse", f"^{re.escape(work)}$", refuse, priority=100):
         assert _refuse_publishes(settings, work) >= 1
         with Publisher(settings) as publisher:
             delay = f"{layout.resolution_ms}ms"
@@ -94,5 +95,3 @@ def stuck_hop(
             assert time.monotonic() < deadline, f"never held past their time: {tier}"
             time.sleep(0.5)
         yield hop.queue
-    finally:
-        admin._request("DELETE", policy, ok404=True)
