@@ -14,8 +14,7 @@ import pytest
 from rmqdelay import BatchPublishError, Publisher, UnroutableError
 from rmqdelay.amqp.passive import ready_messages
 from rmqdelay.amqp.pika_confirms import OneByOne, Pipelined
-from tests.helpers.support import work_queue
-from tests.helpers.worker_helpers import TestTopology
+from tests.helpers.worker_helpers import TestTopology, work_queue
 
 DEST = "orders"
 

@@ -11,7 +11,7 @@ from aio_pika.abc import AbstractConnection
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.core.retry import Backoff, Park, Retry
-from rmqdelay.worker import Delivery, Settled, Worker, WorkerHook
+from rmqdelay.worker import Delivery, Settled, WorkerHook
 from tests.helpers.worker_helpers import (
     TestTopology,
     parking_queue,
@@ -56,10 +56,9 @@ class Fails(WorkerHook):
 async def test_a_user_hook_sees_each_message_in_order_with_its_outcome(
     shared_topology: TestTopology,
 ) -> None:
-    dest = shared_topology.dest("hooked")
-    settings = shared_topology.settings([dest])
     seen = Seen()
-    app = Worker(settings, hooks=[seen])
+    worker_case = shared_topology.worker("hooked", options={"hooks": [seen]})
+    dest, settings, app, _ = worker_case
 
     @app.handler(dest, max_attempts=3, backoff=Backoff.constant("200ms"))
     async def handle(msg: dict[str, str], ctx: Any) -> None:
@@ -68,7 +67,7 @@ async def test_a_user_hook_sees_each_message_in_order_with_its_outcome(
         if msg["do"] == "park":
             raise Park("no such order")
 
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=1):
+    async with worker_case.running(concurrency=1) as publisher:
         ok = await publisher.publish(dest, {"do": "ack"}, delay=0)
         retry = await publisher.publish(dest, {"do": "retry"}, delay=0)
         park = await publisher.publish(dest, {"do": "park"}, delay=0)
@@ -100,10 +99,8 @@ async def test_a_failing_hook_loses_nothing_and_settles_each_message_once(
 ) -> None:
     """Each message handled once and acked once: a second ack would close the channel
     (PRECONDITION_FAILED, unknown delivery tag) and the worker would reconnect."""
-    dest = shared_topology.dest("hookbug")
-    settings = shared_topology.settings([dest])
     seen = Seen()
-    app = Worker(settings, hooks=[Fails(), seen])
+    dest, settings, app, _ = shared_topology.worker("hookbug", options={"hooks": [Fails(), seen]})
     handled: list[int] = []
     lock = threading.Lock()
 
