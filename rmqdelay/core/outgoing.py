@@ -43,6 +43,7 @@ from .journal import (
     encode_scheduled,
     journal_name,
 )
+from .journal_steps import Append, Read
 from .layout import Layout
 from .messages import (
     ATTEMPT,
@@ -218,9 +219,12 @@ class Failover:
     reason: str
 
 
-Step = CheckQueue | Send | Failover
+Step = CheckQueue | Send | Failover | Append | Read
+"""What a flow asks of its adapter: a publish's steps, and the journal's
+(:mod:`.journal_steps`), so a publisher carries out both alike."""
 Flow = Generator[Step, Any, T]
-"""A publish as steps for an adapter to carry out; its return value is the call's."""
+"""A publish (or a journal call) as steps for an adapter to carry out; its return value
+is the call's."""
 
 
 class Steps(Generic[T]):
