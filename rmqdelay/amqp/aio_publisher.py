@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
@@ -27,11 +27,13 @@ from ..core.outgoing import (
     Prepared,
     PublishResult,
     Send,
+    Step,
     Steps,
 )
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
-from . import aiormq_private, journal
+from . import aiormq_private
 from .connections import connect_async
+from .journal import journal_step_async
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 
@@ -139,12 +141,7 @@ class AsyncPublisher(
 
     async def cancel(self, *message_ids: str) -> list[CancelResult]:
         """:meth:`rmqdelay.Publisher.cancel`, from asyncio code."""
-        return await journal.cancel_async(
-            await self._live_connection(),
-            self.core.layout,
-            list(message_ids),
-            timeout=self.settings.confirm_timeout,
-        )
+        return await self._run(self._cancel_flow(message_ids))
 
     async def list_scheduled(
         self,
@@ -152,16 +149,10 @@ class AsyncPublisher(
         destination: str | None = None,
         due_before: datetime | None = None,
         limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> list[JournalRecord]:
         """:meth:`rmqdelay.Publisher.list_scheduled`, from asyncio code."""
-        return await journal.list_scheduled_async(
-            await self._live_connection(),
-            self.core.layout,
-            destination=destination,
-            due_before_ms=None if due_before is None else int(due_before.timestamp() * 1000),
-            limit=limit,
-            timeout=self.settings.confirm_timeout,
-        )
+        return await self._run(self._list_flow(destination, due_before, limit, progress))
 
     # ------------------------------------------------------------------ connection
 
@@ -243,12 +234,14 @@ class AsyncPublisher(
             step = steps.next(await self._do(step))
         return cast(T, steps.value)
 
-    async def _do(self, step: CheckQueue | Send | Failover) -> object:
+    async def _do(self, step: Step) -> object:
         if isinstance(step, CheckQueue):
             return await self._queue_exists(step.queue)
         if isinstance(step, Failover):
             return await self._failover(step.reason)
-        return await self._send(step.batch)
+        if isinstance(step, Send):
+            return await self._send(step.batch)
+        return await journal_step_async(await self._live_connection(), step)
 
     async def _failover(self, reason: str) -> bool:
         """:meth:`rmqdelay.Publisher._failover`, from asyncio code."""

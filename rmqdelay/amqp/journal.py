@@ -1,10 +1,10 @@
-"""Reading and writing the schedule journal stream, with pika and with aio-pika.
+"""The schedule journal's two steps carried out on pika and on aio-pika, and its tail.
 
-What a record holds and what a reader makes of the records is :mod:`rmqdelay.core.journal`.
-A stream is read over AMQP 0-9-1 with the ``x-stream-offset`` consumer argument (a
-timestamp here: the records of the last ``max_delay``), with manual acks and a prefetch,
-as RabbitMQ requires for streams. A stream never says where it ends, so a reader first
-appends a marker of its own, confirmed, and reads until the marker comes back.
+What to read and write, and what it means, is :mod:`rmqdelay.core.journal_flows`: here
+are only :class:`~rmqdelay.core.journal_flows.Append` (publish on a confirm channel) and
+:class:`~rmqdelay.core.journal_flows.Read` (consume a stream from a timestamp offset,
+with manual acks and a prefetch, as RabbitMQ requires for streams), once per client, and
+:class:`JournalTail`, which follows the journal for a worker.
 
 aio-pika and aiormq are imported by the asyncio functions that use them: the sync side
 (``rmqdelay publish``, ``cancel``, ``scheduled list``) does without them, and they cost
@@ -16,27 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
-from collections.abc import Callable, Generator, Iterator
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import pika
 import pika.exceptions
 
-from ..core.journal import (
-    RECORDS_PER_WRITE,
-    CancelResult,
-    JournalRecord,
-    ScheduleView,
-    decode_records,
-    encode_record,
-    encode_records,
-    journal_name,
-    plan_cancels,
-)
+from ..core import journal_flows as flows
+from ..core.clock import now_ms
+from ..core.journal import JournalRecord
+from ..core.journal_flows import JournalFlow, UntilMarker
+from ..core.journal_steps import Append, JournalStep, Read, ReadEnd, stream_offset
 from ..core.layout import Layout
-from ..errors import ConfigurationError, JournalError, TopologyError
+from ..core.outgoing import Steps, journal_missing
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -44,105 +37,94 @@ if TYPE_CHECKING:
 __all__ = [
     "JournalTail",
     "append_records",
-    "append_records_async",
-    "cancel",
-    "cancel_async",
-    "journal_properties",
-    "list_scheduled",
-    "list_scheduled_async",
-    "read_journal",
-    "read_journal_async",
-    "require_journal",
+    "journal_step_async",
+    "read_stream",
+    "run_journal",
+    "run_journal_async",
     "write_probe",
 ]
 
+T = TypeVar("T")
 _PREFETCH = 2000
 _ACK_EVERY = 500
-JOURNAL_TYPE = "rmqdelay-journal"
-
-
-def require_journal(layout: Layout, what: str) -> str:
-    """The stream's name; a clear error when the settings turned the journal off."""
-    if not layout.journal:
-        raise ConfigurationError(
-            f"{what} needs the schedule journal, which is off: set schedule_journal = true "
-            "(RMQDELAY_SCHEDULE_JOURNAL=true) and run `rmqdelay topology apply`. It shows "
-            "only what was published while the journal was on"
-        )
-    return journal_name(layout)
-
-
-def journal_properties(record: JournalRecord) -> dict[str, Any]:
-    """The AMQP properties of a record: persistent, typed, named by the message id."""
-    return {
-        "message_id": record.message_id,
-        "type": JOURNAL_TYPE,
-        "content_type": "application/json",
-        "delivery_mode": 2,
-    }
-
-
-def _offset(since_ms: int) -> datetime:
-    # AMQP timestamps are whole seconds: start one early rather than miss a record
-    return datetime.fromtimestamp(max(0, since_ms // 1000 - 1), tz=timezone.utc)
-
-
-def _marker() -> JournalRecord:
-    return JournalRecord("marker", f"marker-{uuid.uuid4()}", recorded_at_ms=time.time_ns() // 10**6)
-
-
-def _missing(name: str) -> TopologyError:
-    return TopologyError(
-        f"the schedule journal {name!r} does not exist: run `rmqdelay topology apply` "
-        "(or set schedule_journal = false)"
-    )
 
 
 # ------------------------------------------------------------------ sync (pika)
 
 
-def stream_bodies(
-    connection: pika.BlockingConnection, name: str, offset: object, timeout: float
-) -> Generator[bytes, None, None]:
-    """The bodies of a stream from ``offset`` on, until the caller stops iterating.
+def run_journal(
+    flow: JournalFlow[T],
+    connection: pika.BlockingConnection,
+    open_reader: Callable[[], pika.BlockingConnection],
+) -> T:
+    """Carry out a journal flow: appends on ``connection``, reads on a connection of
+    their own from ``open_reader``, closed after each read.
 
-    On a connection of its own, opened with ``connection``'s parameters and closed at
-    the end: pika cancels a consumer by rejecting what it still buffers, and a stream
-    answers a reject by closing the whole connection; closing the reader's own
-    connection rejects nothing. Acks go in batches (a stream consumer needs them for
-    credit); JournalError after ``timeout`` seconds without a message.
+    pika cancels a consumer by rejecting what it still buffers, and a stream answers a
+    reject by closing the whole connection; closing the reader's own connection rejects
+    nothing.
     """
-    reader = pika.BlockingConnection(connection._impl.params)  # type: ignore[attr-defined]
+
+    def do(step: JournalStep) -> object:
+        if isinstance(step, Append):
+            return append_records(connection, step)
+        return read_stream(open_reader(), step)
+
+    return flows.run(flow, do)
+
+
+def append_records(connection: pika.BlockingConnection, step: Append) -> bool:
+    """Carry out an :class:`Append` on a channel of its own."""
+    channel = connection.channel()
+    try:
+        channel.confirm_delivery()
+        for write in step.writes:
+            properties = pika.BasicProperties(**write.properties)
+            channel.basic_publish(step.stream, "", write.body, properties, mandatory=True)
+    except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+        return False
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:  # no such exchange
+            return False
+        raise
+    finally:
+        if channel.is_open:
+            channel.close()
+    return True
+
+
+def read_stream(reader: pika.BlockingConnection, step: Read) -> ReadEnd:
+    """Carry out a :class:`Read` on ``reader``, a connection of its own, closed after:
+    consume until ``step.take`` says stop; acks go in batches (a stream consumer needs
+    them for credit)."""
     channel = reader.channel()
     waiting: list[tuple[int, bytes]] = []
-    last_tag = 0
     try:
         channel.basic_qos(prefetch_count=_PREFETCH)
         channel.basic_consume(
-            name,
+            step.stream,
             lambda _ch, method, _props, body: waiting.append((method.delivery_tag or 0, body)),
-            arguments={"x-stream-offset": offset},
+            arguments={"x-stream-offset": step.offset},
         )
         acked = 0
         while True:
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + step.timeout
             while not waiting:
                 if time.monotonic() > deadline:
-                    raise JournalError(
-                        f"the stream {name!r} gave nothing for {timeout:g}s; try again"
-                    )
+                    return "silent"
                 reader.process_data_events(time_limit=0.05)
             batch = waiting[:]
             del waiting[:]
-            for tag, body in batch:
-                last_tag = tag
-                yield body
-            if last_tag - acked >= _ACK_EVERY:
-                channel.basic_ack(last_tag, multiple=True)
-                acked = last_tag
+            for _tag, body in batch:
+                if step.take(body):
+                    return "done"
+            last = batch[-1][0]
+            if last - acked >= _ACK_EVERY:
+                channel.basic_ack(last, multiple=True)
+                acked = last
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
-            raise _missing(name) from None
+            return "missing"
         raise
     finally:
         # pika rejects what the consumer still buffers, the stream then closes the
@@ -151,172 +133,121 @@ def stream_bodies(
             reader.close()
 
 
-def _read_sync(
-    connection: pika.BlockingConnection, layout: Layout, since_ms: int, timeout: float
-) -> Iterator[JournalRecord]:
-    name = require_journal(layout, "reading the schedule")
-    marker = _marker()
-    channel = connection.channel()
-    try:
-        channel.confirm_delivery()
-        channel.basic_publish(
-            name,
-            "",
-            encode_record(marker),
-            pika.BasicProperties(**journal_properties(marker)),
-            mandatory=True,
-        )
-    except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
-        raise _missing(name) from None
-    finally:
-        if channel.is_open:
-            channel.close()
-    bodies = stream_bodies(connection, name, _offset(since_ms), timeout)
-    try:
-        for body in bodies:
-            for record in decode_records(body):
-                if record.kind != "marker":
-                    yield record
-                elif record.message_id == marker.message_id:
-                    return
-    finally:
-        bodies.close()
-
-
-def read_journal(
-    connection: pika.BlockingConnection,
-    layout: Layout,
-    *,
-    since_ms: int | None = None,
-    timeout: float = 30.0,
-    progress: Callable[[int], None] | None = None,
-) -> list[JournalRecord]:
-    """Every record from ``since_ms`` (default: now - max_delay) to now, in order."""
-    start = since_ms if since_ms is not None else time.time_ns() // 10**6 - layout.max_delay_ms
-    records: list[JournalRecord] = []
-    for record in _read_sync(connection, layout, start, timeout):
-        records.append(record)
-        if progress is not None and len(records) % 1000 == 0:
-            progress(len(records))
-    return records
-
-
-def _writes(records: list[JournalRecord]) -> list[tuple[bytes, JournalRecord]]:
-    """Records grouped into stream messages: one round trip for a cancel of many ids."""
-    step = RECORDS_PER_WRITE
-    chunks = [records[i : i + step] for i in range(0, len(records), step)]
-    return [(encode_records(chunk), chunk[0]) for chunk in chunks]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 10**6
-
-
-def append_records(
-    connection: pika.BlockingConnection, layout: Layout, records: list[JournalRecord]
-) -> None:
-    """Append records, a few hundred to a write, and wait for every confirm (a return
-    means the stream is missing)."""
-    name = require_journal(layout, "writing to the schedule journal")
-    channel = connection.channel()
-    try:
-        channel.confirm_delivery()
-        for body, first in _writes(records):
-            properties = pika.BasicProperties(**journal_properties(first))
-            channel.basic_publish(name, "", body, properties, mandatory=True)
-    except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
-        raise _missing(name) from None
-    finally:
-        if channel.is_open:
-            channel.close()
-
-
-def list_scheduled(
-    connection: pika.BlockingConnection,
-    layout: Layout,
-    *,
-    destination: str | None = None,
-    due_before_ms: int | None = None,
-    limit: int | None = None,
-    timeout: float = 30.0,
-    progress: Callable[[int], None] | None = None,
-) -> list[JournalRecord]:
-    """Every copy still ahead and not cancelled, soonest first (while the journal was on).
-
-    One id can wait as several copies, each its own record (a publish sent again after
-    its confirm failed, a retry): each copy still ahead is listed, and a record that
-    came late hides none (:class:`~rmqdelay.core.journal.ScheduleView`).
-    """
-    view = ScheduleView().extend(
-        read_journal(connection, layout, timeout=timeout, progress=progress)
-    )
-    return view.pending(
-        _now_ms(), destination=destination, due_before_ms=due_before_ms, limit=limit
-    )
-
-
-def cancel(
-    connection: pika.BlockingConnection,
-    layout: Layout,
-    message_ids: list[str],
-    *,
-    timeout: float = 30.0,
-) -> list[CancelResult]:
-    """Tombstone every copy of each id; say for each: ``cancelled`` when any copy is
-    still ahead (``cancelled_due_ms`` names them), ``too late`` when every copy is due
-    already (no tombstone), ``unknown`` without a record."""
-    view = ScheduleView().extend(read_journal(connection, layout, timeout=timeout))
-    results, tombstones = plan_cancels(view, message_ids, _now_ms())
-    if tombstones:
-        append_records(connection, layout, tombstones)
-    return results
-
-
 # ------------------------------------------------------------------ asyncio (aio-pika)
 
 
-async def _publish_records(
-    channel: AbstractChannel, name: str, records: list[JournalRecord]
-) -> None:
+async def run_journal_async(flow: JournalFlow[T], connection: AbstractConnection) -> T:
+    """:func:`run_journal` for asyncio code: each step on a channel of its own."""
+    steps = Steps(flow)
+    step = steps.next()
+    while step is not None:
+        answer = await journal_step_async(connection, cast(JournalStep, step))
+        step = steps.next(answer)
+    return cast(T, steps.value)
+
+
+async def journal_step_async(connection: AbstractConnection, step: JournalStep) -> object:
+    """Carry out a journal step on ``connection``, on a channel of its own."""
+    if isinstance(step, Append):
+        return await _append_async(connection, step)
+    return await _read_async(connection, step)
+
+
+async def _append_async(connection: AbstractConnection, step: Append) -> bool:
     import aio_pika
     import aiormq
 
-    exchange = await channel.get_exchange(name, ensure=False)
+    channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
     try:
+        exchange = await channel.get_exchange(step.stream, ensure=False)
         await asyncio.gather(
             *(
                 exchange.publish(
-                    aio_pika.Message(body, **journal_properties(first)),
+                    aio_pika.Message(write.body, **write.properties),
                     routing_key="",
                     mandatory=True,
                 )
-                for body, first in _writes(records)
+                for write in step.writes
             )
         )
-    except aiormq.exceptions.PublishError:
-        raise _missing(name) from None
+    except (aiormq.exceptions.DeliveryError, aiormq.exceptions.ChannelNotFoundEntity):
+        return False  # returned (PublishError is a DeliveryError), nacked, or no exchange
+    finally:
+        await _close_quietly(channel)
+    return True
 
 
-async def append_records_async(
-    connection: AbstractConnection, layout: Layout, records: list[JournalRecord]
-) -> None:
-    """:func:`append_records` for asyncio code."""
-    name = require_journal(layout, "writing to the schedule journal")
-    async with connection.channel(publisher_confirms=True, on_return_raises=True) as channel:
-        await _publish_records(channel, name, records)
+async def _read_async(connection: AbstractConnection, step: Read) -> ReadEnd:
+    import aiormq
+
+    stream = _Stream(step.take)
+    try:
+        await stream.start(connection, step.stream, step.offset)
+        while not stream.stopped:
+            stream.heard.clear()
+            try:
+                await asyncio.wait_for(stream.heard.wait(), step.timeout)
+            except asyncio.TimeoutError:
+                return "silent"
+        return "done"
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return "missing"
+    finally:
+        await stream.close()
+
+
+class _Stream:
+    """A stream consumer on a channel of its own, handing each body to ``take`` in order.
+
+    Acks go as one multiple ack per batch (a stream consumer needs them for credit), and
+    for every message once ``live``: past the end, records come one at a time.
+    """
+
+    def __init__(self, take: Callable[[bytes], bool]) -> None:
+        self.take = take
+        self.channel: AbstractChannel | None = None
+        self.heard = asyncio.Event()
+        self.stopped = False
+        self.live = False
+        self._unacked = 0
+
+    async def start(self, connection: AbstractConnection, name: str, offset: datetime) -> None:
+        self.channel = channel = await connection.channel()
+        await channel.set_qos(prefetch_count=_PREFETCH)
+        queue = await channel.get_queue(name, ensure=False)
+        await queue.consume(self._on_message, arguments={"x-stream-offset": offset})
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self._unacked += 1
+        if self._unacked >= _ACK_EVERY or self.live:
+            await message.ack(multiple=True)
+            self._unacked = 0
+        if not self.stopped and self.take(message.body):
+            self.stopped = True
+        self.heard.set()
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await _close_quietly(self.channel)
+
+
+async def _close_quietly(channel: AbstractChannel) -> None:
+    import aiormq
+
+    if not channel.is_closed:
+        with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError):
+            await channel.close()
 
 
 async def write_probe(connection: AbstractConnection, layout: Layout) -> None:
-    """Append a marker (readers skip it) and wait for its confirm: a stream confirms a
-    write once a majority of its replicas have it, which a node cut off from the
-    cluster's majority cannot get, though it still accepts connections."""
-    await append_records_async(connection, layout, [_marker()])
+    """:func:`rmqdelay.core.journal_flows.probe` on ``connection``."""
+    await run_journal_async(flows.probe(layout), connection)
 
 
 class JournalTail:
     """Follow the journal from ``since_ms`` onwards, calling ``on_record`` for each record.
 
-    ``caught_up`` is set once the reader's own marker came back: every record confirmed
+    ``caught_up`` is set once the tail's own marker came back: every record confirmed
     before :meth:`start` has been seen. A worker waits for it before it consumes, so a
     cancel confirmed before the worker started is honoured.
     """
@@ -329,104 +260,40 @@ class JournalTail:
         *,
         since_ms: int | None = None,
     ) -> None:
-        self.name = require_journal(layout, "following the schedule")
+        self.name = flows.require_journal(layout, "following the schedule")
         self.connection = connection
-        self.on_record = on_record
-        self.since_ms = (
-            since_ms if since_ms is not None else time.time_ns() // 10**6 - layout.max_delay_ms
-        )
+        self.layout = layout
+        self.since_ms = now_ms() - layout.max_delay_ms if since_ms is None else since_ms
         self.caught_up = asyncio.Event()
-        self.count = 0
-        self._marker = _marker()
-        self.channel: AbstractChannel | None = None
-        self._unacked = 0
+        self._marker = flows.new_marker(now_ms())
+        self._reader = UntilMarker(self._marker.message_id, on_record)
+        self._stream = _Stream(self._take)
+
+    @property
+    def count(self) -> int:
+        """Records seen so far, markers not counted."""
+        return self._reader.count
+
+    @property
+    def channel(self) -> AbstractChannel | None:
+        return self._stream.channel
+
+    def _take(self, body: bytes) -> bool:
+        if self._reader(body):
+            self._stream.live = True
+            self.caught_up.set()
+        return False  # a tail never stops by itself
 
     async def start(self) -> JournalTail:
         import aiormq
 
-        channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
-        self.channel = channel
-        await _publish_records(channel, self.name, [self._marker])
-        await channel.set_qos(prefetch_count=_PREFETCH)
+        await run_journal_async(flows.append(self.layout, [self._marker]), self.connection)
+        offset = stream_offset(self.since_ms)
         try:
-            queue = await channel.get_queue(self.name, ensure=False)
-            await queue.consume(
-                self._on_message, arguments={"x-stream-offset": _offset(self.since_ms)}
-            )
+            await self._stream.start(self.connection, self.name, offset)
         except aiormq.exceptions.ChannelNotFoundEntity:
-            raise _missing(self.name) from None
+            raise journal_missing(self.layout) from None
         return self
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        self._unacked += 1
-        # a stream consumer must ack to get more credit; one multiple ack per batch
-        if self._unacked >= _ACK_EVERY or self.caught_up.is_set():
-            await message.ack(multiple=True)
-            self._unacked = 0
-        for record in decode_records(message.body):
-            if record.kind == "marker":
-                if record.message_id == self._marker.message_id:
-                    self.caught_up.set()
-                continue
-            self.count += 1
-            self.on_record(record)
-
     async def close(self) -> None:
-        if self.channel is not None and not self.channel.is_closed:
-            await self.channel.close()
-
-
-async def read_journal_async(
-    connection: AbstractConnection,
-    layout: Layout,
-    *,
-    since_ms: int | None = None,
-    timeout: float = 30.0,
-) -> list[JournalRecord]:
-    """:func:`read_journal` for asyncio code."""
-    records: list[JournalRecord] = []
-    tail = JournalTail(connection, layout, records.append, since_ms=since_ms)
-    try:
-        await tail.start()
-        await asyncio.wait_for(tail.caught_up.wait(), timeout)
-    except asyncio.TimeoutError:
-        raise JournalError(
-            f"the schedule journal {tail.name!r} did not reach the reader's own marker within "
-            f"{timeout:g}s; try again"
-        ) from None
-    finally:
-        await tail.close()
-    return records
-
-
-async def list_scheduled_async(
-    connection: AbstractConnection,
-    layout: Layout,
-    *,
-    destination: str | None = None,
-    due_before_ms: int | None = None,
-    limit: int | None = None,
-    timeout: float = 30.0,
-) -> list[JournalRecord]:
-    """:func:`list_scheduled` for asyncio code."""
-    records = await read_journal_async(connection, layout, timeout=timeout)
-    return (
-        ScheduleView()
-        .extend(records)
-        .pending(_now_ms(), destination=destination, due_before_ms=due_before_ms, limit=limit)
-    )
-
-
-async def cancel_async(
-    connection: AbstractConnection,
-    layout: Layout,
-    message_ids: list[str],
-    *,
-    timeout: float = 30.0,
-) -> list[CancelResult]:
-    """:func:`cancel` for asyncio code."""
-    view = ScheduleView().extend(await read_journal_async(connection, layout, timeout=timeout))
-    results, tombstones = plan_cancels(view, message_ids, _now_ms())
-    if tombstones:
-        await append_records_async(connection, layout, tombstones)
-    return results
+        await self._stream.close()

@@ -11,12 +11,14 @@ publish.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TypeVar, cast
 
 import pika
 
 from ..core.journal import CancelResult, JournalRecord
+from ..core.journal_steps import Append, Read
 from ..core.outgoing import (
     CheckQueue,
     Failover,
@@ -24,13 +26,13 @@ from ..core.outgoing import (
     Outcome,
     Prepared,
     PublishResult,
-    Send,
+    Step,
     Steps,
 )
 from ..errors import ConnectionFailedError, PublisherClosedError
-from . import journal
 from .blocking import close_connection, poll_once
 from .connections import connect_blocking
+from .journal import append_records, read_stream
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
@@ -84,12 +86,7 @@ class Publisher(
         already: it may have been delivered). A :class:`~rmqdelay.Worker` acks a
         cancelled copy without calling its handler.
         """
-        return journal.cancel(
-            self._live_connection(),
-            self.core.layout,
-            list(message_ids),
-            timeout=self.settings.confirm_timeout,
-        )
+        return self._run(self._cancel_flow(message_ids))
 
     def list_scheduled(
         self,
@@ -97,18 +94,13 @@ class Publisher(
         destination: str | None = None,
         due_before: datetime | None = None,
         limit: int | None = None,
+        progress: Callable[[int], None] | None = None,
     ) -> list[JournalRecord]:
         """What the journal says is still ahead and not cancelled, soonest first (what was
         published while the journal was on): a record per copy, so an id sent again with
-        another due time shows once for each."""
-        return journal.list_scheduled(
-            self._live_connection(),
-            self.core.layout,
-            destination=destination,
-            due_before_ms=None if due_before is None else int(due_before.timestamp() * 1000),
-            limit=limit,
-            timeout=self.settings.confirm_timeout,
-        )
+        another due time shows once for each. ``progress``, if given, is called with the
+        count of records read, every 1,000 (a long journal takes seconds)."""
+        return self._run(self._list_flow(destination, due_before, limit, progress))
 
     # ------------------------------------------------------------------ connection
 
@@ -162,11 +154,17 @@ class Publisher(
             step = steps.next(self._do(step))
         return cast(T, steps.value)
 
-    def _do(self, step: CheckQueue | Send | Failover) -> object:
+    def _do(self, step: Step) -> object:
         if isinstance(step, CheckQueue):
             return self._queue_exists(step.queue)
         if isinstance(step, Failover):
             return self._failover(step.reason)
+        if isinstance(step, Append):
+            return append_records(self._live_connection(), step)
+        if isinstance(step, Read):
+            # a reader's connection of its own: see rmqdelay.amqp.journal.run_journal
+            reader = connect_blocking(self.settings, "journal", last=self._try_last)
+            return read_stream(reader, step)
         return self._send(step.batch)
 
     def _failover(self, reason: str) -> bool:

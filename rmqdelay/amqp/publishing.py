@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
 from typing_extensions import Unpack
 
+from ..core import journal_flows
+from ..core.clock import ms_of_datetime
+from ..core.journal import CancelResult, JournalRecord
+from ..core.journal_flows import JournalFlow
 from ..core.outgoing import RECONNECT_PAUSES, Flow, PublisherCore, PublishOptions
 from ..settings import Settings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
@@ -133,3 +138,26 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
     def check_destination(self, destination: str) -> NoneT:
         """Raise UnknownDestinationError unless the work queue exists (passive, cached)."""
         return cast(NoneT, self._run(self.core.check_destination(destination)))
+
+    def _cancel_flow(self, message_ids: Iterable[str]) -> JournalFlow[list[CancelResult]]:
+        """The flow of ``cancel``, which each adapter runs (:mod:`..core.journal_flows`)."""
+        return journal_flows.cancel(
+            self.core.layout, message_ids, timeout=self.settings.confirm_timeout
+        )
+
+    def _list_flow(
+        self,
+        destination: str | None,
+        due_before: datetime | None,
+        limit: int | None,
+        progress: Callable[[int], None] | None,
+    ) -> JournalFlow[list[JournalRecord]]:
+        """The flow of ``list_scheduled``."""
+        return journal_flows.list_scheduled(
+            self.core.layout,
+            destination=destination,
+            due_before_ms=None if due_before is None else ms_of_datetime(due_before),
+            limit=limit,
+            timeout=self.settings.confirm_timeout,
+            progress=progress,
+        )

@@ -17,13 +17,13 @@ import pika
 import pika.exceptions
 
 from ..core.journal import decode_records, journal_name
+from ..core.journal_steps import Read
 from ..core.layout import Layout
 from ..core.parking import read_parked
 from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked
-from ..errors import JournalError
 from ..settings import Settings
 from .connections import connect_blocking
-from .journal import stream_bodies
+from .journal import read_stream
 from .management import ManagementApi
 from .topology_manager import TopologyManager
 
@@ -100,20 +100,21 @@ def _from_amqp(
     return counts
 
 
-def _oldest_record_ms(connection: pika.BlockingConnection, stream: str) -> int | None:
-    """When the journal's first record was written: one message read from its start.
+def _oldest_record_ms(settings: Settings, stream: str) -> int | None:
+    """When the journal's first record was written: one message read from its start
+    (a connection of its own, as every stream read has).
 
     A stream that holds anything hands its first chunk over at once; over AMQP an empty
     one looks the same as a full one, and costs this wait.
     """
-    bodies = stream_bodies(connection, stream, "first", timeout=0.5)
-    try:
-        records = decode_records(next(bodies))
-    except JournalError:
-        return None
-    finally:
-        bodies.close()
-    return min((r.recorded_at_ms for r in records), default=None)
+    first: list[int | None] = []
+
+    def take(body: bytes) -> bool:
+        first.append(min((r.recorded_at_ms for r in decode_records(body)), default=None))
+        return True
+
+    read_stream(connect_blocking(settings, "status"), Read(stream, 0, take, timeout=0.5))
+    return first[0] if first else None
 
 
 def peek_parked(
@@ -199,7 +200,7 @@ def gather_status(
         journal = counts.get(journal_name(layout)) if layout.journal else None
         # an empty stream would keep the read waiting for its timeout: skip it when known
         if journal_oldest and journal is not None and journal.messages != 0:
-            oldest = _oldest_record_ms(connection, journal_name(layout))
+            oldest = _oldest_record_ms(settings, journal_name(layout))
         status = build_status(layout, counts, wanted, source, journal_oldest_ms=oldest)
         if parked_peek is not None and status.parked is not None:
             breakdown = peek_parked(connection, layout, parked_peek)

@@ -5,23 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import TypeVar
 
 import aio_pika
 import pika
 import pytest
 
-from rmqdelay import ConfigurationError, Settings, build_topology
-from rmqdelay.amqp.journal import (
-    JournalTail,
-    cancel,
-    cancel_async,
-    list_scheduled,
-    list_scheduled_async,
-    read_journal,
-    read_journal_async,
-)
+from rmqdelay import AsyncPublisher, ConfigurationError, Publisher, Settings, build_topology
+from rmqdelay.amqp.journal import JournalTail, run_journal, run_journal_async
+from rmqdelay.core import journal_flows as flows
 from rmqdelay.core.journal import JournalRecord, encode_record, journal_name
+from rmqdelay.core.journal_flows import JournalFlow
 from tests.helpers.cli import invoke, settings_env
+
+T = TypeVar("T")
 
 
 def _append(settings: Settings, records: list[JournalRecord]) -> None:
@@ -39,6 +36,24 @@ def _append(settings: Settings, records: list[JournalRecord]) -> None:
             )
     finally:
         connection.close()
+
+
+def _run(settings: Settings, flow: JournalFlow[T]) -> T:
+    """A journal flow on pika: appends on one connection, each read on its own."""
+    params = pika.URLParameters(settings.url.get_secret_value())
+    connection = pika.BlockingConnection(params)
+    try:
+        return run_journal(flow, connection, lambda: pika.BlockingConnection(params))
+    finally:
+        connection.close()
+
+
+async def _run_async(settings: Settings, flow: JournalFlow[T]) -> T:
+    connection = await aio_pika.connect(settings.url.get_secret_value())
+    try:
+        return await run_journal_async(flow, connection)
+    finally:
+        await connection.close()
 
 
 def _records(n: int, start: int = 0) -> list[JournalRecord]:
@@ -81,12 +96,8 @@ def test_a_sync_read_returns_every_record_in_order_and_stops_at_its_own_marker(
 ) -> None:
     written = _records(1200)  # over one ack batch and under one prefetch window
     _append(settings, written)
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
-    try:
-        first = read_journal(connection, settings.layout, timeout=10)
-        again = read_journal(connection, settings.layout, timeout=10)
-    finally:
-        connection.close()
+    first = _run(settings, flows.read(settings.layout, timeout=10))
+    again = _run(settings, flows.read(settings.layout, timeout=10))
     assert first == written
     assert again == written  # the first reader's marker is not a record
 
@@ -94,11 +105,7 @@ def test_a_sync_read_returns_every_record_in_order_and_stops_at_its_own_marker(
 async def test_an_async_read_sees_the_same_records(settings: Settings) -> None:
     written = _records(30)
     _append(settings, written)
-    connection = await aio_pika.connect(settings.url.get_secret_value())
-    try:
-        assert await read_journal_async(connection, settings.layout, timeout=10) == written
-    finally:
-        await connection.close()
+    assert await _run_async(settings, flows.read(settings.layout, timeout=10)) == written
 
 
 async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) -> None:
@@ -122,12 +129,8 @@ async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) ->
 
 def test_reading_with_the_journal_off_names_the_setting(settings: Settings) -> None:
     off = settings.model_copy(update={"schedule_journal": False})
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
-    try:
-        with pytest.raises(ConfigurationError, match="schedule_journal"):
-            read_journal(connection, off.layout)
-    finally:
-        connection.close()
+    with pytest.raises(ConfigurationError, match="schedule_journal"):
+        _run(off, flows.read(off.layout))
 
 
 def test_cancel_answers_and_list_leaves_out_what_was_cancelled_or_is_past(
@@ -137,20 +140,17 @@ def test_cancel_answers_and_list_leaves_out_what_was_cancelled_or_is_past(
     ahead = [JournalRecord("scheduled", f"a{i}", "orders", now + 60_000 - i) for i in range(4)]
     past = JournalRecord("scheduled", "past", "orders", now - 1)
     _append(settings, [*ahead, past])
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
-    try:
-        results = cancel(connection, settings.layout, ["a1", "past", "nobody"])
+    with Publisher(settings) as publisher:
+        results = publisher.cancel("a1", "past", "nobody")
         assert [(r.message_id, r.outcome) for r in results] == [
             ("a1", "cancelled"),
             ("past", "too late"),
             ("nobody", "unknown"),
         ]
         assert results[0].due_at_ms == now + 60_000 - 1
-        listed = list_scheduled(connection, settings.layout)
+        listed = publisher.list_scheduled()
         assert [r.message_id for r in listed] == ["a3", "a2", "a0"]  # soonest first
-        assert cancel(connection, settings.layout, ["a1"])[0].outcome == "cancelled"
-    finally:
-        connection.close()
+        assert publisher.cancel("a1")[0].outcome == "cancelled"
 
 
 async def test_async_cancel_and_list(settings: Settings) -> None:
@@ -158,14 +158,11 @@ async def test_async_cancel_and_list(settings: Settings) -> None:
     _append(
         settings, [JournalRecord("scheduled", f"b{i}", "orders", now + 60_000) for i in range(3)]
     )
-    connection = await aio_pika.connect(settings.url.get_secret_value())
-    try:
-        results = await cancel_async(connection, settings.layout, ["b0"])
+    async with AsyncPublisher(settings) as publisher:
+        results = await publisher.cancel("b0")
         assert [r.outcome for r in results] == ["cancelled"]
-        listed = await list_scheduled_async(connection, settings.layout, limit=5)
+        listed = await publisher.list_scheduled(limit=5)
         assert [r.message_id for r in listed] == ["b1", "b2"]
-    finally:
-        await connection.close()
 
 
 def test_the_cli_lists_and_cancels_and_exits_0_only_when_all_were_cancelled(
@@ -215,28 +212,26 @@ def test_after_a_partition_list_shows_every_copy_ahead_and_cancel_stops_each(
 ) -> None:
     d, ids = _partition_journal(settings)
     confirmed, late = d + 60_400, d + 30_200
-    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
-    try:
-        listed = list_scheduled(connection, settings.layout)
+    with Publisher(settings) as publisher:
+        listed = publisher.list_scheduled()
         by_id: dict[str, list[int]] = {}
         for record in listed:
             by_id.setdefault(record.message_id, []).append(record.due_at_ms)
         assert [by_id[m] for m in ids[:5]] == [[confirmed]] * 5  # the five the bug hid
         assert [by_id[m] for m in ids[5:]] == [[late + 30_000, confirmed + 30_000]] * 15
-        [stopped, both] = cancel(connection, settings.layout, ["p0", "p5"])
+        [stopped, both] = publisher.cancel("p0", "p5")
         assert (stopped.outcome, stopped.due_at_ms, stopped.copies) == ("cancelled", confirmed, 3)
         assert stopped.cancelled_due_ms == (confirmed,)
         assert (both.outcome, both.copies) == ("cancelled", 3)
         assert both.cancelled_due_ms == (late + 30_000, confirmed + 30_000)
-        tombstones = [r for r in read_journal(connection, settings.layout) if r.kind == "cancelled"]
+        read = _run(settings, flows.read(settings.layout))
+        tombstones = [r for r in read if r.kind == "cancelled"]
         assert [(t.message_id, t.named_due_times()) for t in tombstones] == [
             ("p0", (d, late, confirmed)),
             ("p5", (d + 30_000, late + 30_000, confirmed + 30_000)),
         ]
-        after = {r.message_id for r in list_scheduled(connection, settings.layout)}
+        after = {r.message_id for r in publisher.list_scheduled()}
         assert "p0" not in after and "p5" not in after and "p1" in after and "p6" in after
-    finally:
-        connection.close()
 
     env = settings_env(settings, url=amqp_url)
     rows = invoke(env, "scheduled", "list", "--json")
@@ -261,19 +256,16 @@ def test_after_a_partition_list_shows_every_copy_ahead_and_cancel_stops_each(
 async def test_async_list_and_cancel_see_every_copy_too(settings: Settings, amqp_url: str) -> None:
     d, _ = _partition_journal(settings)
     confirmed = d + 60_400
-    connection = await aio_pika.connect(amqp_url)
-    try:
-        listed = await list_scheduled_async(connection, settings.layout)
+    async with AsyncPublisher(settings) as publisher:
+        listed = await publisher.list_scheduled()
         assert [r.due_at_ms for r in listed if r.message_id == "p3"] == [confirmed]
         assert len(listed) == 5 + 2 * 15 + 1
-        [result] = await cancel_async(connection, settings.layout, ["p3"])
+        [result] = await publisher.cancel("p3")
         assert (result.outcome, result.copies, result.cancelled_due_ms) == (
             "cancelled",
             3,
             (confirmed,),
         )
-        after = await list_scheduled_async(connection, settings.layout)
+        after = await publisher.list_scheduled()
         assert [r for r in after if r.message_id == "p3"] == []
         assert len(after) == len(listed) - 1
-    finally:
-        await connection.close()

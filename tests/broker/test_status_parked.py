@@ -133,9 +133,9 @@ def test_the_management_listing_pages_and_an_empty_journal_costs_no_wait(
     reads: list[str] = []
     read_oldest = amqp_status._oldest_record_ms
 
-    def counted(connection: pika.BlockingConnection, stream: str) -> int | None:
+    def counted(given: Settings, stream: str) -> int | None:
         reads.append(stream)
-        return read_oldest(connection, stream)
+        return read_oldest(given, stream)
 
     monkeypatch.setattr(amqp_status, "_oldest_record_ms", counted)
     status = amqp_status.gather_status(settings)
