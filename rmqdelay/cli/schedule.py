@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from click.exceptions import Exit
 
+from ..core.clock import datetime_of_ms, iso_of_ms, now_ms
 from ..errors import DelayError
 from .options import (
     Command,
@@ -39,18 +40,14 @@ scheduled_app = Group(
 _PROGRESS_AFTER_S = 1.0
 
 
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _due_before(text: str | None) -> int | None:
+def _due_before(text: str | None) -> datetime | None:
     """``--due-before``: an ISO 8601 time, or a duration from now such as ``10m``."""
     if text is None:
         return None
     from ..core.durations import parse_duration_us
 
     try:
-        return time.time_ns() // 10**6 + parse_duration_us(text) // 1000
+        return datetime_of_ms(now_ms() + parse_duration_us(text) // 1000)
     except DelayError:
         pass
     try:
@@ -62,7 +59,7 @@ def _due_before(text: str | None) -> int | None:
         ) from None
     if at.tzinfo is None:
         raise usage_error(f"--due-before {text!r} has no timezone: add one, e.g. +00:00 or Z")
-    return int(at.timestamp() * 1000)
+    return at
 
 
 @scheduled_app.command(
@@ -105,38 +102,31 @@ def scheduled_list(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from ..amqp import journal
-    from ..amqp.connections import connect_blocking
+    from ..amqp.publisher import Publisher
+    from ..core.journal_flows import require_journal
 
     before = _due_before(due_before)
     settings = settings_from(url, prefix, config)
-    journal.require_journal(settings.layout, "`scheduled list`")
-    connection = connect_blocking(settings, "cli")
+    require_journal(settings.layout, "`scheduled list`")
     started = time.monotonic()
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("reading the schedule journal: {task.completed:,} records"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-        disable=as_json,
-    ) as progress:
+    with (
+        Publisher(settings) as publisher,
+        Progress(
+            SpinnerColumn(),
+            TextColumn("reading the schedule journal: {task.completed:,} records"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+            disable=as_json,
+        ) as progress,
+    ):
         task = progress.add_task("read", total=None, visible=False)
 
         def seen(count: int) -> None:
             visible = time.monotonic() - started > _PROGRESS_AFTER_S
             progress.update(task, completed=count, visible=visible)
 
-        try:
-            found = journal.list_scheduled(
-                connection,
-                settings.layout,
-                destination=destination,
-                due_before_ms=before,
-                progress=seen,
-            )
-        finally:
-            connection.close()
+        found = publisher.list_scheduled(destination=destination, due_before=before, progress=seen)
     # copies are counted over everything the filters let through, then --limit cuts
     copy, copies = _number_copies(found)
     shown = found if limit is None else found[:limit]
@@ -159,7 +149,7 @@ def scheduled_list(
     table = Table(*columns, *(["copy"] if several else []))
     for i, record in enumerate(shown):
         cells = [
-            _when(record.due_at_ms),
+            iso_of_ms(record.due_at_ms),
             record.destination,
             escape(record.message_id),
             str(record.attempt),
@@ -209,16 +199,13 @@ def cancel_command(
     """Cancel scheduled messages: say for each id cancelled, unknown, or too late."""
     from rich.markup import escape
 
-    from ..amqp import journal
-    from ..amqp.connections import connect_blocking
+    from ..amqp.publisher import Publisher
+    from ..core.journal_flows import require_journal
 
     settings = settings_from(url, prefix, config)
-    journal.require_journal(settings.layout, "`cancel`")
-    connection = connect_blocking(settings, "cli")
-    try:
-        results = journal.cancel(connection, settings.layout, list(message_ids))
-    finally:
-        connection.close()
+    require_journal(settings.layout, "`cancel`")
+    with Publisher(settings) as publisher:
+        results = publisher.cancel(*message_ids)
     for result in results:
         if as_json:
             print(json.dumps(result.to_json(), separators=(",", ":")))
@@ -232,7 +219,7 @@ def _said(result: CancelResult) -> str:
     """A cancel's answer in words: how many copies it stopped when there were several."""
     ahead = result.cancelled_due_ms or ((result.due_at_ms,) if result.due_at_ms is not None else ())
     if result.outcome == "cancelled" and ahead:
-        due = ", ".join(_when(ms) for ms in ahead)
+        due = ", ".join(iso_of_ms(ms) for ms in ahead)
         if len(ahead) == 1:
             said = f"cancelled (was due {due}"
         else:
@@ -240,7 +227,7 @@ def _said(result: CancelResult) -> str:
         past = result.copies - len(ahead)
         return said + (f"; {past} more already due)" if past > 0 else ")")
     if result.outcome == "too late" and result.due_at_ms is not None:
-        due = _when(result.due_at_ms)
+        due = iso_of_ms(result.due_at_ms)
         if result.copies > 1:
             return (
                 f"too late (all {result.copies} copies due, the last {due}; "
