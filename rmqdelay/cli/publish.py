@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
+import logging
 import sys
-import time
-from collections.abc import Sequence
-from datetime import datetime, timezone
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 from click.exceptions import Exit
 
+from ..core.clock import iso_of_ms, now_ms
 from .options import (
     Command,
     argument,
@@ -27,9 +30,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    import pika
-
-    from ..core.layout import Layout
+    from ..settings import Settings
 
 __all__ = ["consume", "publish"]
 
@@ -115,7 +116,7 @@ def publish(
             headers=headers,
             message_id=message_id,
         )
-    due = result.due_at.isoformat(timespec="milliseconds")
+    due = iso_of_ms(result.due_at_ms)
     # plain print, not rich: one line as is, never wrapped, and no rich import (start-up)
     print(f"{result.message_id} due {due}", flush=True)
 
@@ -166,45 +167,103 @@ def consume(
     config: Path | None,
 ) -> None:
     """Receive, print and ack messages of a destination."""
-    from rich.markup import escape
-
-    from ..amqp.connections import connect_blocking
-    from ..amqp.passive import queue_exists
-    from ..core.outgoing import unknown_destination
     from ..core.routing import validate_destination
 
     settings = settings_from(url, prefix, config)
-    queue = settings.layout.work_queue(validate_destination(settings.layout, destination))
-    connection = connect_blocking(settings, "consume")
-    received = 0
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        if not queue_exists(connection, queue, settings.confirm_timeout):
-            raise unknown_destination(settings.layout, destination)
-        cancels = _Cancels(connection, settings.layout)
-        _say_waiting(queue, count, timeout)
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=min(count or 100, 100))
-        for method, props, body in channel.consume(queue, inactivity_timeout=0.1):
-            if method is not None and props is not None and body is not None:
-                if cancels.has(props):  # cancelled: settle it, show nothing
-                    channel.basic_ack(int(method.delivery_tag or 0))
-                    err().print(f"cancelled: {escape(props.message_id or '-')} (acked, not shown)")
-                    continue
-                _print_message(props, body, as_json)
-                channel.basic_ack(int(method.delivery_tag or 0))
-                received += 1
-            if count is not None and received >= count:
-                break
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-        channel.cancel()
-    finally:
-        if connection.is_open:
-            connection.close()
+    validate_destination(settings.layout, destination)
+    received = asyncio.run(_consume(settings, destination, count, timeout, as_json))
     if count is not None and received < count:
         err().print(f"timeout: received {received} of {count} messages")
         raise Exit(1)
+
+
+async def _consume(
+    settings: Settings, destination: str, count: int | None, timeout: float | None, as_json: bool
+) -> int:
+    """A :class:`~rmqdelay.Worker` whose handler prints: the worker's journal tail skips
+    (and acks) a cancelled copy, its settle acks what was shown. One message at a time,
+    so nothing past ``count`` is shown; how many were shown."""
+    from ..core.retry import Requeue
+    from ..worker import Worker
+
+    await _check_queue(settings, destination)
+    _say_waiting(settings.layout.work_queue(destination), count, timeout)
+    shown = 0
+    enough = asyncio.Event()
+    broken: list[OSError] = []
+
+    async def show(body: bytes, ctx: Any) -> None:  # ctx: the handler's Context
+        nonlocal shown
+        if enough.is_set():
+            raise Requeue("consume has shown what it was asked to")
+        try:
+            _print_message(ctx.message_id, body, ctx.headers, as_json)
+        except OSError as exc:  # stdout closed (a pipe to `head`): give it back
+            broken.append(exc)
+            enough.set()
+            raise Requeue("consume's output is closed") from None
+        shown += 1
+        if count is not None and shown >= count:
+            enough.set()
+
+    app = Worker(settings, max_attempts=1)
+    app.add_handler(destination, show)
+    runner = app.runner(concurrency=1, prefetch=1)
+    with _worker_lines():
+        running = asyncio.create_task(runner.run())
+        waiting = asyncio.create_task(enough.wait())
+        await asyncio.wait({running, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        runner.stop()
+        await running  # a start that failed for good raises here
+    if broken:
+        raise broken[0]
+    return shown
+
+
+async def _check_queue(settings: Settings, destination: str) -> None:
+    """Fail at once on a broker that does not answer or a destination without its queue,
+    before the worker's start, which retries the first and names the handler."""
+    from ..amqp.connections import connect_async
+    from ..amqp.passive import queue_exists_async
+    from ..core.outgoing import unknown_destination
+
+    connection = await connect_async(settings, "consume")
+    try:
+        queue = settings.layout.work_queue(destination)
+        if not await queue_exists_async(connection, queue, settings.confirm_timeout):
+            raise unknown_destination(settings.layout, destination)
+    finally:
+        await connection.close()
+
+
+@contextlib.contextmanager
+def _worker_lines() -> Iterator[None]:
+    """Say on stderr what the worker's log says that matters here: a cancelled message
+    (acked, not shown) and warnings (a lost connection, say); nothing else."""
+    logger = logging.getLogger("rmqdelay.worker")
+    handler = _Said()
+    saved = logger.level, logger.propagate
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
+class _Said(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.markup import escape
+
+        if getattr(record, "outcome", None) == "cancelled":
+            message_id = getattr(record, "message_id", None) or "-"
+            err().print(f"cancelled: {escape(str(message_id))} (acked, not shown)")
+        elif record.levelno >= logging.WARNING:
+            err().print(escape(record.getMessage()), highlight=False)
 
 
 def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
@@ -214,61 +273,23 @@ def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
     err().print(f"waiting for {what} on queue {queue} ({until})", highlight=False)
 
 
-class _Cancels:
-    """The journal's tombstones, read again when a message comes more than 2 s later.
-
-    A tombstone names copies (id and due time), so a message is asked about by both:
-    a copy re-scheduled after the cancel is shown. Reading the journal again from its
-    start folds to the same tombstones (each copy's last record decides).
-    """
-
-    def __init__(self, connection: pika.BlockingConnection, layout: Layout) -> None:
-        from ..core.journal import Tombstones
-
-        self.connection, self.layout = connection, layout
-        self.tombstones: Tombstones = Tombstones()
-        self.read_at = 0.0
-
-    def has(self, props: pika.BasicProperties) -> bool:
-        from ..core.messages import DUE_AT
-        from ..core.parking import header_int
-
-        message_id = props.message_id
-        if not self.layout.journal or message_id is None:
-            return False
-        if time.monotonic() - self.read_at > 2.0:
-            from ..amqp.journal import read_journal
-
-            for record in read_journal(self.connection, self.layout):
-                self.tombstones.add(record)
-            self.read_at = time.monotonic()
-        due_ms = header_int(props.headers or {}, DUE_AT, -1)
-        now_ms = time.time_ns() // 10**6
-        return self.tombstones.is_cancelled(message_id, now_ms, due_ms if due_ms >= 0 else None)
-
-
-def _print_message(props: pika.BasicProperties, body: bytes, as_json: bool) -> None:
+def _print_message(message_id: str, body: bytes, headers: Mapping[str, Any], as_json: bool) -> None:
     from ..core.messages import DUE_AT
 
-    now_ms = time.time_ns() // 1_000_000
-    headers: dict[str, Any] = dict(props.headers or {})
+    received_ms = now_ms()
     due = headers.get(DUE_AT)
     record = {
-        "message_id": props.message_id,
+        "message_id": message_id,
         **_body_fields(body),
-        "headers": _plain(headers),
+        "headers": _plain(dict(headers)),
         "due_at_ms": due,
-        "received_at_ms": now_ms,
-        "lateness_ms": None if due is None else now_ms - int(due),
+        "received_at_ms": received_ms,
+        "lateness_ms": None if due is None else received_ms - int(due),
     }
     if as_json:
         print(json.dumps(record), flush=True)
         return
-    due_text = (
-        datetime.fromtimestamp(int(due) / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
-        if due is not None
-        else "-"
-    )
+    due_text = iso_of_ms(int(due)) if due is not None else "-"
     print(
         f"{record['message_id']}  due {due_text}  late {record['lateness_ms']} ms  "
         f"{record['body'] if record['body'] is not None else '<binary>'}",
