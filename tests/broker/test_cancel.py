@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import aio_pika
 import pytest
@@ -23,7 +24,8 @@ from rmqdelay import (
     Settings,
     Worker,
 )
-from rmqdelay.amqp.journal import append_records_async, cancel_async
+from rmqdelay.amqp.journal import run_journal_async
+from rmqdelay.core import journal_flows
 from rmqdelay.core.journal import JournalRecord
 from tests.helpers.worker_helpers import (
     Call,
@@ -46,35 +48,66 @@ def _tombstone(message_id: str, due_at_ms: int, destination: str = DEST) -> Jour
 async def _append(settings: Settings, records: list[JournalRecord]) -> None:
     connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
-        await append_records_async(connection, settings.layout, records)
+        await run_journal_async(journal_flows.append(settings.layout, records), connection)
     finally:
         await connection.close()
 
 
+class Recording:
+    """A worker for one destination whose handler records each call (and raises
+    ``failure`` if given), and the count of its ``cancelled`` outcomes since it was made."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dest: str,
+        failure: Exception | None = None,
+        **options: Any,
+    ) -> None:
+        self.settings, self.dest = settings, dest
+        self.app = Worker(settings)
+        self.calls = Calls()
+
+        @self.app.handler(dest, **options)
+        async def handle(msg: dict[str, Any], ctx: Context) -> None:
+            self.calls.record(msg, ctx)
+            if failure is not None:
+                raise failure
+
+        self._labels = {"destination": dest, "outcome": "cancelled"}
+        self._before = self._total()
+
+    def _total(self) -> float:
+        return REGISTRY.get_sample_value("rmqdelay_messages_total", self._labels) or 0
+
+    def cancelled(self) -> float:
+        return self._total() - self._before
+
+    @classmethod
+    def on(cls, topology: TestTopology, **options: Any) -> Recording:
+        """On the module's topology, with a destination of the test's own."""
+        dest = topology.dest(DEST)
+        return cls(topology.settings([dest]), dest, **options)
+
+
+@pytest.mark.parametrize("how", ["tombstone", "Publisher.cancel"])
 async def test_a_cancelled_message_is_acked_without_calling_its_handler(
-    shared_topology: TestTopology,
+    shared_topology: TestTopology, how: str
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        calls.record(msg, ctx)
-
-    cancelled = {"destination": dest, "outcome": "cancelled"}
-    before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        gone = await publisher.publish(dest, {"n": 1}, delay="1s")
-        kept = await publisher.publish(dest, {"n": 2}, delay="1s")
-        await _append(settings, [_tombstone(gone.message_id, gone.due_at_ms, dest)])
+    """Cancelled before its due time, by a tombstone appended to the journal or by the
+    publisher's ``cancel``: the worker acks it, never calls its handler, counts it."""
+    worker = Recording.on(shared_topology)
+    settings, dest, calls = worker.settings, worker.dest, worker.calls
+    async with AsyncPublisher(settings) as publisher, worker.app.running(concurrency=2):
+        gone = await publisher.publish(dest, {"n": 1}, delay="1500ms")
+        kept = await publisher.publish(dest, {"n": 2}, delay="1500ms")
+        if how == "tombstone":
+            await _append(settings, [_tombstone(gone.message_id, gone.due_at_ms, dest)])
+        else:
+            [result] = await publisher.cancel(gone.message_id)
+            assert (result.outcome, result.due_at_ms) == ("cancelled", gone.due_at_ms)
         await wait_until(lambda: len(calls) >= 1, 10, "the uncancelled message's call")
-        await wait_until(
-            lambda: REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) == before + 1,
-            10,
-            "the cancelled outcome",
-        )
+        await wait_until(lambda: worker.cancelled() == 1, 10, "the cancelled outcome")
     assert [c.message_id for c in calls.items] == [kept.message_id]
     assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
@@ -84,29 +117,17 @@ async def test_a_worker_started_after_the_cancel_still_honours_it(
     amqp_url: str, prefix: str
 ) -> None:
     settings = make_settings(amqp_url, prefix, [DEST])  # a journal of its own: one tombstone
-    app = Worker(settings)
-    calls = Calls()
-
-    @app.handler(DEST)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        calls.record(msg, ctx)
-
+    worker = Recording(settings, DEST)
     async with AsyncPublisher(settings) as publisher:
         gone = await publisher.publish(DEST, {"n": 1}, delay="1500ms")
         await _append(settings, [_tombstone(gone.message_id, gone.due_at_ms)])
     # the message falls due while no worker runs; one that starts later still knows
     await asyncio.sleep(max(0.0, gone.due_at_ms / 1000 - time.time()) + 0.3)
     assert await queue_depth(settings, work_queue(settings, DEST)) == 1
-    cancelled = {"destination": DEST, "outcome": "cancelled"}
-    before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
-    async with app.running(concurrency=1) as runner:
+    async with worker.app.running(concurrency=1) as runner:
         assert len(runner.tombstones) == 1
-        await wait_until(
-            lambda: REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) == before + 1,
-            10,
-            "the cancelled outcome",
-        )
-    assert calls.items == []
+        await wait_until(lambda: worker.cancelled() == 1, 10, "the cancelled outcome")
+    assert worker.calls.items == []
     assert await queue_depth(settings, work_queue(settings, DEST)) == 0
 
 
@@ -114,59 +135,25 @@ async def test_cancel_answers_what_it_found(shared_topology: TestTopology) -> No
     settings = shared_topology.settings([])
     now = time.time_ns() // 10**6
     await _append(settings, [JournalRecord("scheduled", "later", DEST, now + 60_000)])
-    connection = await aio_pika.connect(settings.url.get_secret_value())
-    try:
-        results = await cancel_async(connection, settings.layout, ["later", "never"])
-    finally:
-        await connection.close()
+    async with AsyncPublisher(settings) as publisher:
+        results = await publisher.cancel("later", "never")
     assert [(r.message_id, r.outcome, r.due_at_ms) for r in results] == [
         ("later", "cancelled", now + 60_000),
         ("never", "unknown", None),
     ]
 
 
-async def test_publisher_cancel_before_due_means_the_handler_is_never_called(
-    shared_topology: TestTopology,
-) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        calls.record(msg, ctx)
-
-    cancelled = {"destination": dest, "outcome": "cancelled"}
-    before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
-        gone = await publisher.publish(dest, {"n": 1}, delay="1500ms")
-        kept = await publisher.publish(dest, {"n": 2}, delay="1500ms")
-        [result] = await publisher.cancel(gone.message_id)
-        assert (result.outcome, result.due_at_ms) == ("cancelled", gone.due_at_ms)
-        await wait_until(lambda: len(calls) >= 1, 10, "the uncancelled message's call")
-        await wait_until(
-            lambda: REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) == before + 1,
-            10,
-            "the cancelled outcome",
-        )
-    assert [c.message_id for c in calls.items] == [kept.message_id]
-
-
 async def test_a_cancel_during_the_third_retry_wait_stops_the_retries(
     shared_topology: TestTopology,
 ) -> None:
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
-
-    @app.handler(dest, max_attempts=6, backoff=Backoff.schedule(["200ms", "200ms", "2s"]))
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        calls.record(msg, ctx)
-        raise ConnectionError("downstream unavailable")
-
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=2):
+    worker = Recording.on(
+        shared_topology,
+        failure=ConnectionError("downstream unavailable"),
+        max_attempts=6,
+        backoff=Backoff.schedule(["200ms", "200ms", "2s"]),
+    )
+    settings, dest, calls = worker.settings, worker.dest, worker.calls
+    async with AsyncPublisher(settings) as publisher, worker.app.running(concurrency=2):
         sent = await publisher.publish(dest, {"n": 1}, delay=0)
         await wait_until(lambda: len(calls) >= 3, 10, "three calls")
         deadline = time.monotonic() + 5
@@ -262,22 +249,13 @@ async def test_issue_17_every_copy_is_listed_and_a_cancel_stops_each_in_the_work
     and the confirmed copy answers ``cancelled`` (not ``too late``), and the worker
     skips the confirmed copy. Beside it, an id cancelled before its first copy is
     skipped three times, and an id re-scheduled after its cancel is handled once."""
-    dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest])
-    app = Worker(settings)
-    calls = Calls()
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, str], ctx: Context) -> None:
-        calls.record(msg, ctx)
-
-    cancelled = {"destination": dest, "outcome": "cancelled"}
-    before = REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) or 0
+    worker = Recording.on(shared_topology)
+    settings, dest, calls = worker.settings, worker.dest, worker.calls
     tag = shared_topology.prefix.rsplit("-", 1)[-1]
     split, early, again = (f"{name}-{tag}" for name in ("split", "early", "again"))
     d = datetime.now(timezone.utc) + timedelta(seconds=3)
     offsets = [timedelta(0), timedelta(seconds=CONFIRMED_S), timedelta(seconds=LATE_S)]
-    async with AsyncPublisher(settings) as publisher, app.running(concurrency=4):
+    async with AsyncPublisher(settings) as publisher, worker.app.running(concurrency=4):
         dues = {
             m: [
                 (await publisher.publish(dest, {"m": m}, at=d + o, message_id=m)).due_at_ms
@@ -315,7 +293,7 @@ async def test_issue_17_every_copy_is_listed_and_a_cancel_stops_each_in_the_work
 
         # three copies of `early`, the first of `again`, the confirmed copy of `split`
         await wait_until(
-            lambda: REGISTRY.get_sample_value("rmqdelay_messages_total", cancelled) == before + 5,
+            lambda: worker.cancelled() == 5,
             CONFIRMED_S - LATE_S + 20,
             lambda: (
                 f"5 cancelled outcomes, calls {[(c.message_id, _due_ms(c)) for c in calls.items]}"
