@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
-import logging
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +29,7 @@ from .options import (
 
 if TYPE_CHECKING:
     from ..settings import Settings
+    from ..worker import Delivery, Settled
 
 __all__ = ["consume", "publish"]
 
@@ -184,7 +183,16 @@ async def _consume(
     (and acks) a cancelled copy, its settle acks what was shown. One message at a time,
     so nothing past ``count`` is shown; how many were shown."""
     from ..core.retry import Requeue
-    from ..worker import Worker
+    from ..worker import Worker, WorkerHook
+
+    class _SaysCancelled(WorkerHook):
+        """A cancelled copy is acked and not shown: say so on stderr."""
+
+        def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+            if settled.outcome == "cancelled":
+                from rich.markup import escape
+
+                err().print(f"cancelled: {escape(delivery.message_id)} (acked, not shown)")
 
     await _check_queue(settings, destination)
     _say_waiting(settings.layout.work_queue(destination), count, timeout)
@@ -206,16 +214,15 @@ async def _consume(
         if count is not None and shown >= count:
             enough.set()
 
-    app = Worker(settings, max_attempts=1)
+    app = Worker(settings, max_attempts=1, hooks=[_SaysCancelled()])
     app.add_handler(destination, show)
     runner = app.runner(concurrency=1, prefetch=1)
-    with _worker_lines():
-        running = asyncio.create_task(runner.run())
-        waiting = asyncio.create_task(enough.wait())
-        await asyncio.wait({running, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        waiting.cancel()
-        runner.stop()
-        await running  # a start that failed for good raises here
+    running = asyncio.create_task(runner.run())
+    waiting = asyncio.create_task(enough.wait())
+    await asyncio.wait({running, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    runner.stop()
+    await running  # a start that failed for good raises here
     if broken:
         raise broken[0]
     return shown
@@ -235,35 +242,6 @@ async def _check_queue(settings: Settings, destination: str) -> None:
             raise unknown_destination(settings.layout, destination)
     finally:
         await connection.close()
-
-
-@contextlib.contextmanager
-def _worker_lines() -> Iterator[None]:
-    """Say on stderr what the worker's log says that matters here: a cancelled message
-    (acked, not shown) and warnings (a lost connection, say); nothing else."""
-    logger = logging.getLogger("rmqdelay.worker")
-    handler = _Said()
-    saved = logger.level, logger.propagate
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    logger.addHandler(handler)
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
-
-
-class _Said(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        from rich.markup import escape
-
-        if getattr(record, "outcome", None) == "cancelled":
-            message_id = getattr(record, "message_id", None) or "-"
-            err().print(f"cancelled: {escape(str(message_id))} (acked, not shown)")
-        elif record.levelno >= logging.WARNING:
-            err().print(escape(record.getMessage()), highlight=False)
 
 
 def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:

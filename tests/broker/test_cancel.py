@@ -225,6 +225,7 @@ def test_rmqdelay_consume_honours_cancels(shared_topology: TestTopology) -> None
     )
     assert result.exit_code == 0, result.output
     assert kept.message_id in result.stdout and gone.message_id not in result.stdout
+    assert f"cancelled: {gone.message_id} (acked, not shown)" in result.output  # stderr
     assert queue_depth_sync(settings, dest) == 0  # the cancelled one was acked, not left behind
 
 
