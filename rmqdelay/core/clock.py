@@ -14,6 +14,7 @@ __all__ = [
     "datetime_of_ms",
     "iso_of_ms",
     "ms_of_datetime",
+    "ms_of_us",
     "now_ms",
     "now_us",
     "seconds_of_ms",
@@ -45,6 +46,11 @@ def iso_of_ms(ms: int, timespec: str = "milliseconds") -> str:
 def ms_of_datetime(at: datetime) -> int:
     """Unix ms of an aware datetime, rounded to the nearest ms."""
     return round(at.timestamp() * 1000)
+
+
+def ms_of_us(us: int) -> int:
+    """Unix ms of a time in µs, rounded up: a message is never due before the time asked."""
+    return -(-us // 1000)
 
 
 def us_of_datetime(at: datetime) -> float:
