@@ -1,4 +1,5 @@
-"""The asyncio publisher, on aio-pika. Thin: the checks and flows live in :mod:`..core.outgoing`.
+"""The asyncio publisher, on aio-pika. Thin: the checks and flows live in
+:mod:`..core.publisher_core`.
 
 Every wait has a deadline, and a dropped connection this publisher opened is reopened
 by the next publish (not by aio-pika's robust connection, which reconnects on its own
@@ -18,18 +19,8 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
 from ..core.journal import CancelResult, JournalRecord
-from ..core.outgoing import (
-    CheckQueue,
-    Failover,
-    Flow,
-    Outcome,
-    Outgoing,
-    Prepared,
-    PublishResult,
-    Send,
-    Step,
-    Steps,
-)
+from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from ..core.steps import CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
 from .connections import connect_async

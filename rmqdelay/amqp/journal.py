@@ -25,11 +25,12 @@ import pika.exceptions
 
 from ..core import journal_flows as flows
 from ..core.clock import now_ms
+from ..core.failures import journal_missing
 from ..core.journal import JournalRecord
 from ..core.journal_flows import JournalFlow, UntilMarker
 from ..core.journal_steps import Append, JournalStep, Read, ReadEnd, stream_offset
 from ..core.layout import Layout
-from ..core.outgoing import Steps, journal_missing
+from ..core.steps import Steps
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage

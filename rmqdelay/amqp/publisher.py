@@ -1,4 +1,5 @@
-"""The synchronous publisher, on pika. Thin: the checks and flows live in :mod:`..core.outgoing`.
+"""The synchronous publisher, on pika. Thin: the checks and flows live in
+:mod:`..core.publisher_core`.
 
 pika's BlockingChannel waits one round trip per confirmed publish. To pipeline,
 this publisher tracks delivery tags itself (:mod:`.pika_confirms`): it sends a window
@@ -19,16 +20,8 @@ import pika
 
 from ..core.journal import CancelResult, JournalRecord
 from ..core.journal_steps import Append, Read
-from ..core.outgoing import (
-    CheckQueue,
-    Failover,
-    Flow,
-    Outcome,
-    Prepared,
-    PublishResult,
-    Step,
-    Steps,
-)
+from ..core.outgoing import Outcome, Prepared, PublishResult
+from ..core.steps import CheckQueue, Failover, Flow, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
 from .connections import connect_blocking

@@ -1,7 +1,7 @@
 """The public surface of both publishers, written once.
 
 :class:`~rmqdelay.Publisher` and :class:`~rmqdelay.AsyncPublisher` differ only in how
-they carry out the two steps of a publish flow (:mod:`..core.outgoing`); their
+they carry out the two steps of a publish flow (:mod:`..core.steps`); their
 constructor, their methods and the documentation of both live here.
 """
 
@@ -19,7 +19,9 @@ from ..core import journal_flows
 from ..core.clock import ms_of_datetime
 from ..core.journal import CancelResult, JournalRecord
 from ..core.journal_flows import JournalFlow
-from ..core.outgoing import RECONNECT_PAUSES, Flow, PublisherCore, PublishOptions
+from ..core.outgoing import PublishOptions
+from ..core.publisher_core import PublisherCore
+from ..core.steps import RECONNECT_PAUSES, Flow
 from ..settings import Settings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
 
@@ -79,7 +81,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         raise NotImplementedError
 
     def _leaving(self, reason: str) -> bool:
-        """Whether to answer a :class:`~rmqdelay.core.outgoing.Failover` by moving: only
+        """Whether to answer a :class:`~rmqdelay.core.steps.Failover` by moving: only
         from a connection of our own. Its node is tried last from now on: a node cut off
         from the cluster's majority still accepts connections, and gives no confirms."""
         if not self._owns_connection or self._connection is None:

@@ -166,6 +166,7 @@ def consume(
     config: Path | None,
 ) -> None:
     """Receive, print and ack messages of a destination."""
+
     from ..core.routing import validate_destination
 
     settings = settings_from(url, prefix, config)
@@ -233,7 +234,7 @@ async def _check_queue(settings: Settings, destination: str) -> None:
     before the worker's start, which retries the first and names the handler."""
     from ..amqp.connections import connect_async
     from ..amqp.passive import queue_exists_async
-    from ..core.outgoing import unknown_destination
+    from ..core.failures import unknown_destination
 
     connection = await connect_async(settings, "consume")
     try:

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 
 from ..errors import ConfigurationError, JournalError
 from .clock import now_ms
+from .failures import journal_missing
 from .journal import (
     RECORDS_PER_WRITE,
     CancelResult,
@@ -29,7 +30,7 @@ from .journal import (
 )
 from .journal_steps import Append, JournalStep, JournalWrite, Read
 from .layout import Layout
-from .outgoing import Steps, journal_missing
+from .steps import Steps
 
 __all__ = [
     "PROGRESS_EVERY",

@@ -19,7 +19,7 @@ import pytest
 
 from rmqdelay import Settings
 from rmqdelay.amqp import aiormq_private
-from rmqdelay.core.outgoing import PublisherCore
+from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.wire import encode_publish
 
 if sys.version_info >= (3, 11):

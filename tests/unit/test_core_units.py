@@ -14,7 +14,8 @@ from pydantic import BaseModel, ValidationError
 from rmqdelay import DelayError, InvalidBodyError, InvalidDestinationError, Settings, mask_url
 from rmqdelay.core.durations import format_ms, parse_duration_us
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers, encode_body
-from rmqdelay.core.outgoing import PublisherCore, PublishResult, gather_results
+from rmqdelay.core.outgoing import PublishResult, gather_results
+from rmqdelay.core.publisher_core import PublisherCore
 
 
 @pytest.mark.parametrize(

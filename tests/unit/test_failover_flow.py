@@ -13,16 +13,9 @@ from rmqdelay import (
     Settings,
     UnroutableError,
 )
-from rmqdelay.core.outgoing import (
-    CheckQueue,
-    Failover,
-    Outcome,
-    Prepared,
-    PublisherCore,
-    PublishResult,
-    Send,
-    Steps,
-)
+from rmqdelay.core.outgoing import Outcome, Prepared, PublishResult
+from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.steps import CheckQueue, Failover, Send, Steps
 
 DEST = "orders"
 

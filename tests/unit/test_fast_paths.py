@@ -22,7 +22,8 @@ from rmqdelay.amqp.publisher import pika_properties
 from rmqdelay.core import wire
 from rmqdelay.core.journal import JournalRecord, encode_record, encode_scheduled
 from rmqdelay.core.messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, amqp_properties
-from rmqdelay.core.outgoing import PropertyTemplates, PublisherCore, new_message_id
+from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.templates import PropertyTemplates, new_message_id
 from rmqdelay.errors import InvalidMessageError
 
 CORE = PublisherCore(Settings(max_delay="2h").layout)

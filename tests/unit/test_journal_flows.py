@@ -24,7 +24,9 @@ from rmqdelay.core.journal_steps import (
     stream_offset,
 )
 from rmqdelay.core.layout import Layout
-from rmqdelay.core.outgoing import CheckQueue, Outcome, PublisherCore, PublishResult, Send, Steps
+from rmqdelay.core.outgoing import Outcome, PublishResult
+from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.steps import CheckQueue, Send, Steps
 from rmqdelay.errors import JournalError
 
 NOW = 1_800_000_000_000

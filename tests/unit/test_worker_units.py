@@ -21,7 +21,6 @@ from rmqdelay.cli.worker import AppLoadError, _queues, load_worker
 from rmqdelay.core.context import Context
 from rmqdelay.core.handlers import inspect_handler
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
-from rmqdelay.core.outgoing import PublisherCore
 from rmqdelay.core.parking import (
     PARKED_ATTEMPTS,
     PARKED_REASON,
@@ -31,6 +30,7 @@ from rmqdelay.core.parking import (
     replay_headers,
     short_traceback,
 )
+from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.retry import (
     Backoff,
     DecodeError,

@@ -1,0 +1,111 @@
+"""The errors a publish raises, written once for every adapter.
+
+Each names what happened and what to do; the adapters (pika, aio-pika, the in-memory
+stub) only pick which one applies, so a message reads the same whichever client sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import (
+    ConfirmTimeoutError,
+    PublisherClosedError,
+    PublishError,
+    PublishNackedError,
+    TopologyError,
+    UnknownDestinationError,
+    UnroutableError,
+)
+from .journal import journal_name
+from .layout import Layout
+from .outgoing import Outgoing
+
+__all__ = [
+    "journal_missing",
+    "lost",
+    "nacked",
+    "no_confirm",
+    "no_exchange",
+    "not_connected",
+    "returned",
+    "unconfirmed",
+    "unjournaled",
+    "unknown_destination",
+]
+
+
+def journal_missing(layout: Layout) -> TopologyError:
+    return TopologyError(
+        f"the schedule journal {journal_name(layout)!r} does not exist: run `rmqdelay "
+        "topology apply`, or set schedule_journal = false (RMQDELAY_SCHEDULE_JOURNAL=false)"
+    )
+
+
+def unjournaled(message_id: str, why: BaseException) -> PublishError:
+    """A message confirmed whose journal record was not: delivered, but not listed."""
+    return PublishError(
+        f"message {message_id} was confirmed but its schedule journal record was not "
+        f"({why}): it will be delivered, yet `scheduled list` and `cancel` may not see it"
+    )
+
+
+def unknown_destination(layout: Layout, destination: str) -> UnknownDestinationError:
+    queue = layout.work_queue(destination)
+    return UnknownDestinationError(
+        f"destination {destination!r} has no work queue {queue!r}: run "
+        f"`rmqdelay topology apply --destination {destination}`"
+    )
+
+
+def returned(out: Outgoing, reason: str) -> UnroutableError:
+    """The broker returned the message: nothing is bound for its destination."""
+    return UnroutableError(
+        f"the broker returned message {out.message_id} ({reason}): nothing is bound for "
+        f"destination {out.prepared.destination!r} via exchange {out.exchange!r}; run "
+        "`rmqdelay topology apply`"
+    )
+
+
+def nacked(out: Outgoing) -> PublishNackedError:
+    return PublishNackedError(
+        f"the broker nacked message {out.message_id} to {out.prepared.destination!r}"
+    )
+
+
+def no_exchange(out: Outgoing, detail: str) -> UnroutableError:
+    """The broker closed the channel: the tier's exchange does not exist (404)."""
+    return UnroutableError(
+        f"message {out.message_id} was not sent: {detail}; run `rmqdelay topology apply`"
+    )
+
+
+def unconfirmed(message_id: str, why: object) -> PublisherClosedError:
+    return PublisherClosedError(
+        f"the connection closed before message {message_id} was confirmed ({why}); "
+        "it may or may not have been delivered: publish it again"
+    )
+
+
+def no_confirm(message_id: str, timeout: float) -> ConfirmTimeoutError:
+    return ConfirmTimeoutError(
+        f"no confirm for message {message_id} within confirm_timeout={timeout:g}s; it "
+        "may or may not have been delivered: publish it again"
+    )
+
+
+def not_connected() -> PublisherClosedError:
+    return PublisherClosedError("the publisher is not connected: call connect() first")
+
+
+def lost(why: object, owned: bool, attempts: Sequence[object] = ()) -> PublisherClosedError:
+    """Why a publisher cannot send: its connection dropped and could not be reopened."""
+    if not owned:
+        return PublisherClosedError(
+            f"the connection given to this publisher is closed ({why}): open a new one "
+            "and a new publisher on it"
+        )
+    return PublisherClosedError(
+        f"the connection to the broker was lost ({why}) and {len(attempts)} attempts to "
+        f"reconnect failed, the last: {attempts[-1] if attempts else '?'}"
+    )

@@ -1,0 +1,80 @@
+"""The step protocol: what a publish flow asks of the adapter that runs it.
+
+A flow is a generator that yields the only things needing a broker, :class:`CheckQueue`
+(a passive check), :class:`Send` (send and wait for confirms) and :class:`Failover`
+(move to another node), and gets their answers back. Keeping the protocol apart from
+the flows lets an adapter (pika, aio-pika, the in-memory stub) depend on it alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from .journal_steps import Append, Read
+from .outgoing import Prepared
+
+__all__ = [
+    "RECONNECT_PAUSES",
+    "CheckQueue",
+    "Failover",
+    "Flow",
+    "Send",
+    "Step",
+    "Steps",
+]
+
+T = TypeVar("T")
+
+RECONNECT_PAUSES = (0.0, 0.5, 2.0)
+"""Seconds to wait before each attempt to reopen a dropped connection: three attempts."""
+
+
+@dataclass(frozen=True)
+class CheckQueue:
+    """A step: does this work queue exist? Answer True or False (a passive check)."""
+
+    queue: str
+
+
+@dataclass(frozen=True)
+class Send:
+    """A step: send these messages in this order; answer one :data:`Outcome` each."""
+
+    batch: list[Prepared]
+
+
+@dataclass(frozen=True)
+class Failover:
+    """A step: confirms did not come (``reason``); leave this connection for another node.
+
+    Answer True once a new connection is open (the node that failed is tried last), and
+    the flow sends the unconfirmed messages again; False when the publisher cannot move
+    (a connection it was given, or no node answered): the errors stand.
+    """
+
+    reason: str
+
+
+Step = CheckQueue | Send | Failover | Append | Read
+"""What a flow asks of its adapter: a publish's steps, and the journal's
+(:mod:`.journal_steps`), so a publisher carries out both alike."""
+Flow = Generator[Step, Any, T]
+"""A publish (or a journal call) as steps for an adapter to carry out; its return value
+is the call's."""
+
+
+class Steps(Generic[T]):
+    """Walks a flow: ``next(answer)`` gives the next step, or None once it returned."""
+
+    def __init__(self, flow: Flow[T]) -> None:
+        self._flow = flow
+        self.value: T | None = None
+
+    def next(self, answer: object = None) -> Step | None:
+        try:
+            return self._flow.send(answer)
+        except StopIteration as stop:
+            self.value = stop.value
+            return None
