@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 from click.exceptions import Exit
 
+from ..core.clock import timedelta_of_us
 from .options import (
     Group,
     broker_options,
@@ -132,7 +132,7 @@ def parked_replay(
 
     from ..amqp.parked_queue import ParkedQueue
 
-    wait = timedelta(microseconds=duration_us(delay, "--delay") if delay is not None else 0)
+    wait = timedelta_of_us(duration_us(delay, "--delay") if delay is not None else 0)
     settings = settings_from(url, prefix, config)
 
     async def replay() -> ReplayReport:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 from click.exceptions import Exit
 
+from ..core.clock import iso_of_ms
 from .options import (
     Command,
     broker_options,
@@ -83,11 +83,7 @@ def _render(status: Status) -> Group:
         lines.append(f"parked by destination ({of} read): {', '.join(parts) or 'none'}")
     if status.journal is not None:
         oldest = status.journal.oldest_ms
-        since = (
-            datetime.fromtimestamp(oldest / 1000, tz=timezone.utc).isoformat(timespec="seconds")
-            if oldest
-            else "n/a"
-        )
+        since = iso_of_ms(oldest, "seconds") if oldest else "n/a"
         lines.append(
             f"journal {status.journal.stream}: {_n(status.journal.records)} writes, "
             f"oldest record {since}"

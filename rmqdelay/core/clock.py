@@ -7,19 +7,26 @@ between them lives here, so a rounding rule is written once.
 
 from __future__ import annotations
 
+import calendar
 import time
 from datetime import datetime, timedelta, timezone
 
 __all__ = [
+    "as_utc",
     "datetime_of_ms",
     "iso_of_ms",
     "ms_of_datetime",
+    "ms_of_timedelta",
     "ms_of_us",
     "now_ms",
     "now_us",
+    "seconds_of_datetime",
     "seconds_of_ms",
     "timedelta_of_ms",
+    "timedelta_of_us",
     "us_of_datetime",
+    "us_of_ms",
+    "us_of_timedelta",
 ]
 
 
@@ -53,6 +60,10 @@ def ms_of_us(us: int) -> int:
     return -(-us // 1000)
 
 
+def us_of_ms(ms: int) -> int:
+    return ms * 1000
+
+
 def us_of_datetime(at: datetime) -> float:
     """Unix µs of a datetime, unrounded (the planner rounds a due time up, not to nearest)."""
     return at.timestamp() * 1_000_000
@@ -64,3 +75,27 @@ def timedelta_of_ms(ms: float) -> timedelta:
 
 def seconds_of_ms(ms: float) -> float:
     return ms / 1000
+
+
+def as_utc(at: datetime) -> datetime:
+    """A naive datetime taken as UTC: what the AMQP libraries mean by one."""
+    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+
+
+def seconds_of_datetime(at: datetime) -> int:
+    """Whole Unix seconds (an AMQP timestamp), a fraction dropped; naive is UTC."""
+    return calendar.timegm(as_utc(at).utctimetuple())
+
+
+def timedelta_of_us(us: int) -> timedelta:
+    return timedelta(microseconds=us)
+
+
+def ms_of_timedelta(span: timedelta) -> int:
+    """A span in whole ms, rounded to the nearest (a lateness in logs and metrics)."""
+    return round(span / timedelta(milliseconds=1))
+
+
+def us_of_timedelta(span: timedelta) -> int:
+    """A span in µs, exactly (a timedelta holds whole µs)."""
+    return span // timedelta(microseconds=1)

@@ -14,6 +14,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from ..errors import DelayError
+from .clock import us_of_timedelta
 
 __all__ = ["DurationLike", "format_ms", "parse_duration_us"]
 
@@ -48,7 +49,7 @@ def parse_duration_us(value: DurationLike, *, what: str = "delay") -> int:
     if isinstance(value, bool):
         raise DelayError(f"{what} must be a duration, not a bool ({value!r})")
     if isinstance(value, timedelta):
-        return value // timedelta(microseconds=1)
+        return us_of_timedelta(value)
     if isinstance(value, int):
         return value * 1_000_000
     if isinstance(value, float):

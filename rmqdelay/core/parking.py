@@ -12,9 +12,10 @@ from __future__ import annotations
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
+from . import clock
 from .layout import Layout
 from .messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
 
@@ -164,8 +165,8 @@ def _broker_reason(
         if found is not None:
             when = death.get("time")
             at = when if isinstance(when, datetime) else None
-            if at is not None and at.tzinfo is None:
-                at = at.replace(tzinfo=timezone.utc)
+            if at is not None:
+                at = clock.as_utc(at)
             if why == "delivery_limit":
                 text = f"delivery limit of work queue {queue!r} reached (requeued too often)"
             else:
@@ -192,7 +193,7 @@ def read_parked(
     parked_at: datetime | None = None
     at_ms = header_int(headers, PARKED_AT, -1)
     if at_ms >= 0:
-        parked_at = datetime.fromtimestamp(at_ms / 1000, tz=timezone.utc)
+        parked_at = clock.datetime_of_ms(at_ms)
     if reason is None:
         reason, parked_at, destination = _broker_reason(layout, headers, destination)
     return ParkedMessage(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import DelayError
+from .clock import ms_of_us, us_of_ms
 from .durations import format_ms
 from .layout import DIGITS, Layout, Tier
 
@@ -80,9 +81,9 @@ _CENTURY_US = 100 * 366 * 24 * 3600 * 10**6
 
 
 def check_max_delay(layout: Layout, delay_us: int) -> None:
-    if delay_us > layout.max_delay_ms * 1000:
+    if delay_us > us_of_ms(layout.max_delay_ms):
         # a delay past a century is shown as such, not as a number of 140 digits
-        shown = format_ms(-(-delay_us // 1000)) if delay_us < _CENTURY_US else "over a century"
+        shown = format_ms(ms_of_us(delay_us)) if delay_us < _CENTURY_US else "over a century"
         raise DelayError(
             f"delay of {shown} is over the maximum of "
             f"{format_ms(layout.max_delay_ms)}; raise max_delay in the settings"
@@ -94,9 +95,9 @@ def plan_delay(layout: Layout, delay_us: int, destination: str) -> DelayPlan:
 
     ``destination`` must already be validated (see ``routing.validate_destination``).
     """
-    if delay_us > layout.max_delay_ms * 1000:
+    if delay_us > us_of_ms(layout.max_delay_ms):
         check_max_delay(layout, delay_us)
-    units = max(0, -(-delay_us // (layout.resolution_ms * 1000)))
+    units = max(0, -(-delay_us // us_of_ms(layout.resolution_ms)))
     if layout.positional_count == len(layout.positions) and units <= layout.capacity_units:
         digits = tuple(_positional(layout, units))  # no named tier: digits_for's usual case
     else:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..errors import ConfigurationError, RmqDelayError
+from . import clock
 from .durations import DurationLike, format_ms, parse_duration_us
 
 __all__ = [
@@ -35,7 +36,7 @@ def _ms(value: DurationLike, what: str) -> int:
     us = parse_duration_us(value, what=what)
     if us < 0:
         raise ConfigurationError(f"{what} must not be negative, got {value!r}")
-    return -(-us // 1000)
+    return clock.ms_of_us(us)
 
 
 # --------------------------------------------------------------------------- signals

@@ -11,15 +11,15 @@ publishers put the same bytes on the wire. Pure: no client library here.
 
 from __future__ import annotations
 
-import calendar
 import math
 import struct
 from collections.abc import Callable, Mapping
-from datetime import datetime, timezone
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from ..errors import InvalidMessageError
+from . import clock
 
 __all__ = [
     "FRAME_MAX",
@@ -83,8 +83,7 @@ def _seconds(field: str, value: object) -> int:
     """AMQP timestamps: whole seconds since 1970 (UTC for a naive datetime, as both
     libraries read it), so a fraction of a second is dropped."""
     if isinstance(value, datetime):
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
-        seconds = calendar.timegm(aware.utctimetuple())
+        seconds = clock.seconds_of_datetime(value)
     elif isinstance(value, int) and not isinstance(value, bool):
         seconds = value
     else:
