@@ -15,7 +15,6 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .amqp.parked_queue import ParkedQueue
     from .amqp.publisher import Publisher
     from .amqp.topology_manager import TopologyManager
-    from .core.context import Context
     from .core.durations import DurationLike, format_ms, parse_duration_us
     from .core.layout import Layout
     from .core.outgoing import PublishResult
@@ -44,6 +43,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     )
     from .settings import Settings, load_settings, mask_url
     from .worker import Delivery, RunningWorker, Settled, Worker, WorkerHook
+    from .worker.context import Context
 
 __all__ = [
     "AsyncPublisher",
@@ -100,7 +100,7 @@ _WHERE: dict[str, str] = {
     "ParkedQueue": ".amqp.parked_queue",
     "Publisher": ".amqp.publisher",
     "TopologyManager": ".amqp.topology_manager",
-    "Context": ".core.context",
+    "Context": ".worker.context",
     "DurationLike": ".core.durations",
     "format_ms": ".core.durations",
     "parse_duration_us": ".core.durations",

@@ -29,10 +29,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from rmqdelay import Settings
+from rmqdelay import Context, Settings
 from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.amqp.topology_manager import TopologyManager
-from rmqdelay.core.context import Context
 from rmqdelay.core.outgoing import PublishResult
 from rmqdelay.core.retry import Backoff
 from rmqdelay.worker import Worker

@@ -9,7 +9,7 @@ Pure. The type of a handler's first parameter says how the body is decoded:
   validated by a pydantic ``TypeAdapter``;
 - no annotation, ``Any`` or ``object``: by content type: JSON, text, else bytes.
 
-A second parameter, if any, receives the :class:`~rmqdelay.core.context.Context`.
+A second parameter, if any, receives the :class:`~rmqdelay.Context`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from typing import Any, get_origin, get_type_hints
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import ConfigurationError
-from .context import Context
 from .retry import DecodeError, RetryPolicy
 
 __all__ = ["Decoder", "HandlerSpec", "inspect_handler", "make_decoder"]
@@ -158,8 +157,14 @@ def _is_async(func: Callable[..., Any]) -> bool:
     return not inspect.isfunction(target) and inspect.iscoroutinefunction(call)
 
 
-def inspect_handler(destination: str, func: Callable[..., Any], policy: RetryPolicy) -> HandlerSpec:
-    """Check a handler's signature and build its spec; raise ConfigurationError if unusable."""
+def inspect_handler(
+    destination: str, func: Callable[..., Any], policy: RetryPolicy, *, context: type
+) -> HandlerSpec:
+    """Check a handler's signature and build its spec; raise ConfigurationError if unusable.
+
+    ``context``: the type of the second parameter (:class:`~rmqdelay.Context`, which
+    lives in the worker), so that a message parameter annotated with it is refused.
+    """
     if not callable(func):
         raise ConfigurationError(f"handler for {destination!r} must be callable, got {func!r}")
     name = getattr(func, "__qualname__", None) or repr(func)
@@ -203,7 +208,7 @@ def inspect_handler(destination: str, func: Callable[..., Any], policy: RetryPol
                     "types it names at module level"
                 ) from None
             annotation = hints.get(first.name, annotation)
-    if annotation is Context:
+    if annotation is context:
         raise ConfigurationError(
             f"handler {name} for {destination!r}: the first parameter is the message, "
             "the second the Context"

@@ -17,6 +17,7 @@ from ..core.retry import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, Backoff, RetryPo
 from ..core.routing import validate_destination
 from ..errors import ConfigurationError, RmqDelayError, WorkerError
 from ..settings import Settings
+from .context import Context
 from .hooks import WorkerHook
 from .runner import RunningWorker
 
@@ -121,7 +122,7 @@ class Worker:
             retry_on=base.retry_on if retry_on is None else tuple(retry_on),
             park_on=base.park_on if park_on is None else tuple(park_on),
         )
-        spec = inspect_handler(destination, func, policy)
+        spec = inspect_handler(destination, func, policy, context=Context)
         self.handlers[destination] = spec
         return spec
 

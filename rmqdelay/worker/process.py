@@ -13,9 +13,9 @@ from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from ..core.context import Context
 from ..core.handlers import HandlerSpec
 from ..core.retry import decide
+from .context import Context
 from .delivery import Delivery, read_delivery
 from .hooks import Hooks
 from .session import Session, first

@@ -13,7 +13,6 @@ from pydantic import BaseModel
 from rmqdelay import plan_delay
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.amqp.parked_queue import ParkedQueue
-from rmqdelay.core.context import Context
 from rmqdelay.core.messages import ATTEMPT, DESTINATION
 from rmqdelay.core.parking import (
     PARKED_AT,
@@ -27,6 +26,7 @@ from rmqdelay.core.parking import (
 from rmqdelay.core.retry import Backoff, Park, Requeue, Retry
 from rmqdelay.core.routing import parse_key
 from rmqdelay.worker import WorkerError
+from rmqdelay.worker.context import Context
 from tests.helpers.brokerctl import BrokerAdmin
 from tests.helpers.worker_helpers import (
     TestTopology,

@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
-from rmqdelay.core.context import Context
 from rmqdelay.core.retry import Backoff
 from rmqdelay.settings import Settings
+from rmqdelay.worker.context import Context
 from tests.helpers.cli import invoke, settings_env
 from tests.helpers.worker_helpers import (
     TestTopology,

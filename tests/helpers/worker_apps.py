@@ -13,8 +13,8 @@ import asyncio
 import os
 import time
 
-from rmqdelay.core.context import Context
 from rmqdelay.worker import Worker
+from rmqdelay.worker.context import Context
 
 app = Worker()
 _SLEEP = float(os.environ.get("WORKER_TEST_SLEEP", "0"))

@@ -17,7 +17,7 @@ import pika
 
 from rmqdelay import AsyncPublisher, Settings, Worker
 from rmqdelay.amqp.topology_manager import TopologyManager
-from rmqdelay.core.context import Context
+from rmqdelay.worker.context import Context
 
 
 def make_settings(

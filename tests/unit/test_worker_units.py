@@ -18,7 +18,6 @@ from typing_extensions import TypedDict
 
 from rmqdelay import ConfigurationError, Settings
 from rmqdelay.cli.worker import AppLoadError, _queues, load_worker
-from rmqdelay.core.context import Context
 from rmqdelay.core.handlers import inspect_handler
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
 from rmqdelay.core.parking import (
@@ -41,6 +40,7 @@ from rmqdelay.core.retry import (
     decide,
 )
 from rmqdelay.worker import Worker, WorkerError
+from rmqdelay.worker.context import Context
 from rmqdelay.worker.logs import StructuredFormatter
 
 POLICY = RetryPolicy(max_attempts=3, backoff=Backoff.constant("2s"))
@@ -137,7 +137,7 @@ class Point(TypedDict):
 
 
 def spec_of(func: Any) -> Any:
-    return inspect_handler("d", func, POLICY)
+    return inspect_handler("d", func, POLICY, context=Context)
 
 
 def test_decoders_follow_the_annotation() -> None:

@@ -1,4 +1,8 @@
-"""What a handler learns about the message it handles, and how it publishes more."""
+"""What a handler learns about the message it handles, and how it publishes more.
+
+In the worker, not the pure core: publishing from a sync handler hands a coroutine to
+the worker's event loop from the handler's thread.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from typing import Any
 
 from typing_extensions import Unpack
 
-from .outgoing import PublishOptions, PublishResult
+from ..core import clock
+from ..core.outgoing import PublishOptions, PublishResult
 
 __all__ = ["Context"]
 
@@ -52,7 +57,7 @@ class Context:
     @property
     def lateness_ms(self) -> int | None:
         """``lateness`` in whole milliseconds, for logs and metrics."""
-        return None if self.lateness is None else round(self.lateness.total_seconds() * 1000)
+        return None if self.lateness is None else clock.ms_of_timedelta(self.lateness)
 
     @property
     def is_last_attempt(self) -> bool:
