@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .core.outgoing import PublishResult
     from .core.parking import ParkedMessage
     from .core.plan import DelayPlan, plan_delay
+    from .core.protocols import AsyncPublisherProtocol, PublisherProtocol
     from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
     from .core.topology import Topology, build_topology
     from .errors import (
@@ -42,11 +43,14 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
         WorkerError,
     )
     from .settings import Settings, load_settings, mask_url
+    from .testing import AsyncInMemoryPublisher, InMemoryPublisher
     from .worker import Delivery, RunningWorker, Settled, Worker, WorkerHook
     from .worker.context import Context
 
 __all__ = [
+    "AsyncInMemoryPublisher",
     "AsyncPublisher",
+    "AsyncPublisherProtocol",
     "Backoff",
     "BatchPublishError",
     "ConfigurationError",
@@ -58,6 +62,7 @@ __all__ = [
     "DelayPlan",
     "Delivery",
     "DurationLike",
+    "InMemoryPublisher",
     "InvalidBodyError",
     "InvalidDestinationError",
     "InvalidMessageError",
@@ -70,6 +75,7 @@ __all__ = [
     "PublishResult",
     "Publisher",
     "PublisherClosedError",
+    "PublisherProtocol",
     "Requeue",
     "Retry",
     "RetryPolicy",
@@ -109,6 +115,8 @@ _WHERE: dict[str, str] = {
     "ParkedMessage": ".core.parking",
     "DelayPlan": ".core.plan",
     "plan_delay": ".core.plan",
+    "AsyncPublisherProtocol": ".core.protocols",
+    "PublisherProtocol": ".core.protocols",
     **dict.fromkeys(
         ("Backoff", "DecodeError", "Park", "Requeue", "Retry", "RetryPolicy"), ".core.retry"
     ),
@@ -139,6 +147,8 @@ _WHERE: dict[str, str] = {
     "Settings": ".settings",
     "load_settings": ".settings",
     "mask_url": ".settings",
+    "AsyncInMemoryPublisher": ".testing",
+    "InMemoryPublisher": ".testing",
     "RunningWorker": ".worker",
     "Worker": ".worker",
     "Delivery": ".worker",

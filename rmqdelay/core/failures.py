@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import (
+    ConfigurationError,
     ConfirmTimeoutError,
     PublisherClosedError,
     PublishError,
@@ -23,6 +24,7 @@ from .outgoing import Outgoing
 
 __all__ = [
     "journal_missing",
+    "journal_off",
     "lost",
     "nacked",
     "no_confirm",
@@ -39,6 +41,15 @@ def journal_missing(layout: Layout) -> TopologyError:
     return TopologyError(
         f"the schedule journal {journal_name(layout)!r} does not exist: run `rmqdelay "
         "topology apply`, or set schedule_journal = false (RMQDELAY_SCHEDULE_JOURNAL=false)"
+    )
+
+
+def journal_off(what: str) -> ConfigurationError:
+    """The settings turned the journal off, and ``what`` reads or writes it."""
+    return ConfigurationError(
+        f"{what} needs the schedule journal, which is off: set schedule_journal = true "
+        "(RMQDELAY_SCHEDULE_JOURNAL=true) and run `rmqdelay topology apply`. It shows "
+        "only what was published while the journal was on"
     )
 
 

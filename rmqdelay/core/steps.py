@@ -8,9 +8,9 @@ the flows lets an adapter (pika, aio-pika, the in-memory stub) depend on it alon
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from .journal_steps import Append, Read
 from .outgoing import Prepared
@@ -23,6 +23,7 @@ __all__ = [
     "Send",
     "Step",
     "Steps",
+    "run_flow",
 ]
 
 T = TypeVar("T")
@@ -78,3 +79,12 @@ class Steps(Generic[T]):
         except StopIteration as stop:
             self.value = stop.value
             return None
+
+
+def run_flow(flow: Flow[T], do: Callable[[Step], object]) -> T:
+    """Carry out a flow with a synchronous ``do`` (a step in, its answer out)."""
+    steps = Steps(flow)
+    step = steps.next()
+    while step is not None:
+        step = steps.next(do(step))
+    return cast(T, steps.value)

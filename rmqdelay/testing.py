@@ -1,0 +1,380 @@
+"""An in-memory publisher for unit tests: no broker, the same flows.
+
+:class:`InMemoryPublisher` and :class:`AsyncInMemoryPublisher` run the flows of
+:class:`~rmqdelay.core.publisher_core.PublisherCore` that :class:`~rmqdelay.Publisher` and
+:class:`~rmqdelay.AsyncPublisher` run, so what is checked, planned, journaled and raised
+is the same; only the broker is a list. They record what was confirmed
+(:attr:`InMemoryPublisher.sent`), keep a schedule journal that ``cancel`` and
+``list_scheduled`` read, and fail on request (:meth:`InMemoryPublisher.fail_next`) so
+that a caller's error handling can be tested. Both satisfy
+:class:`~rmqdelay.PublisherProtocol` (or its async twin). Neither imports a client library.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal, TypeVar, cast
+
+from typing_extensions import Unpack
+
+from .core import clock, failures
+from .core.durations import DurationLike, parse_duration_us
+from .core.journal import (
+    CancelResult,
+    JournalRecord,
+    ScheduleView,
+    decode_records,
+    journal_name,
+    plan_cancels,
+)
+from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
+from .core.publisher_core import PublisherCore
+from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
+from .settings import Settings
+
+__all__ = ["AsyncInMemoryPublisher", "Failure", "InMemoryPublisher", "SentMessage"]
+
+T = TypeVar("T")
+
+Failure = Literal["nack", "return", "timeout", "lost", "no exchange"]
+"""What :meth:`InMemoryPublisher.fail_next` makes of a message, as a broker would:
+``nack`` (PublishNackedError), ``return`` (UnroutableError: nothing bound),
+``timeout`` (ConfirmTimeoutError), ``lost`` (PublisherClosedError: the connection
+dropped before the confirm), ``no exchange`` (UnroutableError: the channel closed 404).
+A ``timeout`` or ``lost`` message is sent again after a failover, as the real
+publishers do."""
+
+
+@dataclass(frozen=True)
+class SentMessage:
+    """A confirmed message, as the broker would have taken it."""
+
+    destination: str
+    body: bytes
+    due_at_ms: int
+    message_id: str
+    headers: dict[str, Any]
+    """The headers sent: the caller's, the attempt, the due time and the destination."""
+    properties: Mapping[str, Any]
+    """The carried AMQP properties: ``content_type``, ``correlation_id``, ..."""
+    routing_key: str
+    """Where its delay starts (``"direct"`` when due now): the tier plan's key."""
+
+    @property
+    def due_at(self) -> datetime:
+        return clock.datetime_of_ms(self.due_at_ms)
+
+    def json(self) -> Any:
+        """The body decoded from JSON (a dict or list was sent as JSON)."""
+        return json.loads(self.body)
+
+
+@dataclass
+class _Rule:
+    kind: Failure
+    count: int
+    destination: str | None
+    message_id: str | None
+    journal: bool
+
+    def matches(self, prepared: Prepared) -> bool:
+        if bool(prepared.journal_records) != self.journal:
+            return False
+        return (self.destination in (None, prepared.destination)) and (
+            self.message_id in (None, prepared.message_id)
+        )
+
+
+@dataclass
+class _Broker:
+    """What the publisher's broker holds: the queues, the journal, the confirmed."""
+
+    destinations: set[str] | None
+    """The work queues that exist; None: every one."""
+    journal_exists: bool = True
+    removed: set[str] = field(default_factory=set)
+    sent: list[SentMessage] = field(default_factory=list)
+    journal: list[JournalRecord] = field(default_factory=list)
+    rules: list[_Rule] = field(default_factory=list)
+
+
+class _Memory:
+    """The adapter: carries out each step of a flow against the in-memory broker."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        destinations: Iterable[str] | None = None,
+        journal_exists: bool = True,
+        can_failover: bool = True,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.core = PublisherCore(self.settings.layout, journal_bodies=self.settings.journal_bodies)
+        self._broker = _Broker(None if destinations is None else set(destinations), journal_exists)
+        self.can_failover = can_failover
+        """Whether a failover finds another node (a publisher that owns its connection):
+        when False, the errors of unconfirmed messages stand."""
+        self.failovers: list[str] = []
+        """The reason of each failover the flows asked for."""
+        self.reconnects = 0
+        self._offset_us = 0
+        self._dropped: bool | None = None
+
+    # ------------------------------------------------------------------ for the test
+
+    @property
+    def sent(self) -> list[SentMessage]:
+        """Every confirmed message, in the order sent (a copy sent again appears twice)."""
+        return self._broker.sent
+
+    @property
+    def journal(self) -> list[JournalRecord]:
+        """The schedule journal's records: ``scheduled`` ones and tombstones."""
+        return self._broker.journal
+
+    def add_destination(self, *destinations: str) -> None:
+        """Make these work queues exist (all do unless ``destinations`` was given)."""
+        self._broker.removed.difference_update(destinations)
+        if self._broker.destinations is not None:
+            self._broker.destinations.update(destinations)
+
+    def remove_destination(self, *destinations: str) -> None:
+        """Delete these work queues: the next publish to one raises
+        UnknownDestinationError (the publisher forgets it had checked them)."""
+        self._broker.removed.update(destinations)
+        self.core.known_destinations.difference_update(destinations)
+
+    def fail_next(
+        self,
+        kind: Failure,
+        *,
+        count: int = 1,
+        destination: str | None = None,
+        message_id: str | None = None,
+        journal: bool = False,
+    ) -> None:
+        """Fail the next ``count`` messages sent (those to ``destination``, or with
+        ``message_id``, if given) the way ``kind`` says; ``journal=True`` fails the
+        journal writes instead, so a message is confirmed but not journaled."""
+        self._broker.rules.append(_Rule(kind, count, destination, message_id, journal))
+
+    def drop_connection(self, *, reconnects: bool = True) -> None:
+        """Drop the connection: the next call reconnects (counted in ``reconnects``), or
+        raises PublisherClosedError as when every attempt to reconnect failed."""
+        self._dropped = reconnects
+
+    def advance(self, delay: DurationLike) -> None:
+        """Move this publisher's clock on (due times, ``too late``, what is listed)."""
+        self._offset_us += parse_duration_us(delay)
+
+    def now(self) -> datetime:
+        return clock.datetime_of_ms(self._now_ms())
+
+    # ------------------------------------------------------------------ the flows
+
+    def _now_us(self) -> int:
+        return clock.now_us() + self._offset_us
+
+    def _now_ms(self) -> int:
+        return clock.ms_of_us(self._now_us())
+
+    def _publish(self, destination: str, body: object, options: PublishOptions) -> PublishResult:
+        timed = cast(PublishOptions, {"now": self._now_us(), **options})
+        return self._run(self.core.publish(destination, body, timed))
+
+    def _publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
+        now = self._now_us()
+        return self._run(self.core.publish_many([{"now": now, **r} for r in requests]))
+
+    def _check_destination(self, destination: str) -> None:
+        self._run(self.core.check_destination(destination))
+
+    def _cancel(self, message_ids: Iterable[str]) -> list[CancelResult]:
+        self._connected()
+        view = ScheduleView().extend(self._read_journal("cancel"))
+        results, tombstones = plan_cancels(view, message_ids, self._now_ms())
+        self._broker.journal.extend(tombstones)
+        return results
+
+    def _list_scheduled(
+        self, destination: str | None, due_before: datetime | None, limit: int | None
+    ) -> list[JournalRecord]:
+        self._connected()
+        view = ScheduleView().extend(self._read_journal("scheduled list"))
+        return view.pending(
+            self._now_ms(),
+            destination=destination,
+            due_before_ms=None if due_before is None else clock.ms_of_datetime(due_before),
+            limit=limit,
+        )
+
+    def _read_journal(self, what: str) -> list[JournalRecord]:
+        if not self.core.layout.journal:
+            raise failures.journal_off(what)
+        if not self._broker.journal_exists:
+            raise failures.journal_missing(self.core.layout)
+        return self._broker.journal
+
+    def _connected(self) -> None:
+        if self._dropped is None:
+            return
+        reconnects, self._dropped = self._dropped, None
+        if not reconnects:
+            tries = ["connection refused (simulated)"] * len(RECONNECT_PAUSES)
+            raise failures.lost("connection lost (simulated)", owned=True, attempts=tries)
+        self.reconnects += 1
+
+    def _run(self, flow: Flow[T]) -> T:
+        self._connected()
+        return run_flow(flow, self._do)
+
+    def _do(self, step: Step) -> object:
+        if isinstance(step, CheckQueue):
+            return self._exists(step.queue)
+        if isinstance(step, Failover):
+            self.failovers.append(step.reason)
+            if self.can_failover:
+                self.reconnects += 1
+            return self.can_failover
+        return [self._send(prepared) for prepared in step.batch]
+
+    def _exists(self, queue: str) -> bool:
+        if queue == journal_name(self.core.layout):
+            return self._broker.journal_exists
+        broker, layout = self._broker, self.core.layout
+        if any(layout.work_queue(d) == queue for d in broker.removed):
+            return False
+        known = broker.destinations
+        return known is None or any(layout.work_queue(d) == queue for d in known)
+
+    def _send(self, prepared: Prepared) -> Outcome:
+        out = self.core.finalize(prepared, self._now_us())
+        failure = self._failure(out)
+        if failure is not None:
+            return failure
+        if prepared.journal_records:
+            self._broker.journal.extend(decode_records(prepared.body))
+            return PublishResult.of(out)
+        self._broker.sent.append(
+            SentMessage(
+                prepared.destination,
+                prepared.body,
+                out.due_at_ms,
+                prepared.message_id,
+                out.headers,
+                {k: v for k, v in prepared.properties.items() if v is not None},
+                out.plan.routing_key,
+            )
+        )
+        return PublishResult.of(out)
+
+    def _failure(self, out: Outgoing) -> BaseException | None:
+        for rule in self._broker.rules:
+            if rule.count > 0 and rule.matches(out.prepared):
+                rule.count -= 1
+                self._broker.rules = [r for r in self._broker.rules if r.count > 0]
+                return self._error(rule.kind, out)
+        return None
+
+    def _error(self, kind: Failure, out: Outgoing) -> BaseException:
+        if kind == "nack":
+            return self.core.nacked(out)
+        if kind == "return":
+            return self.core.returned(out, "NO_ROUTE")
+        if kind == "timeout":
+            return self.core.no_confirm(out.message_id, self.settings.confirm_timeout)
+        if kind == "lost":
+            return self.core.unconfirmed(out.message_id, "connection lost (simulated)")
+        return self.core.no_exchange(out, f"NOT_FOUND - no exchange {out.exchange!r}")
+
+
+class InMemoryPublisher(_Memory):
+    """A :class:`~rmqdelay.Publisher` without a broker, for unit tests.
+
+    ``destinations``: the work queues that exist (default: every one); ``settings``
+    as for the real publisher (``schedule_journal``, ``max_delay``, ...);
+    ``journal_exists=False``: the journal stream is missing; ``can_failover=False``:
+    a failover finds no other node (a publisher given its connection).
+    """
+
+    def connect(self) -> InMemoryPublisher:
+        return self
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> InMemoryPublisher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    def publish(
+        self, destination: str, body: object, **options: Unpack[PublishOptions]
+    ) -> PublishResult:
+        """:meth:`rmqdelay.Publisher.publish`: validated, planned and recorded."""
+        return self._publish(destination, body, options)
+
+    def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
+        """:meth:`rmqdelay.Publisher.publish_many`, BatchPublishError included."""
+        return self._publish_many(requests)
+
+    def check_destination(self, destination: str) -> None:
+        self._check_destination(destination)
+
+    def cancel(self, *message_ids: str) -> list[CancelResult]:
+        """:meth:`rmqdelay.Publisher.cancel` against this publisher's journal."""
+        return self._cancel(message_ids)
+
+    def list_scheduled(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[JournalRecord]:
+        return self._list_scheduled(destination, due_before, limit)
+
+
+class AsyncInMemoryPublisher(_Memory):
+    """An :class:`~rmqdelay.AsyncPublisher` without a broker: :class:`InMemoryPublisher`
+    with awaited methods."""
+
+    async def connect(self) -> AsyncInMemoryPublisher:
+        return self
+
+    async def close(self) -> None:
+        pass
+
+    async def __aenter__(self) -> AsyncInMemoryPublisher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        pass
+
+    async def publish(
+        self, destination: str, body: object, **options: Unpack[PublishOptions]
+    ) -> PublishResult:
+        return self._publish(destination, body, options)
+
+    async def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
+        return self._publish_many(requests)
+
+    async def check_destination(self, destination: str) -> None:
+        self._check_destination(destination)
+
+    async def cancel(self, *message_ids: str) -> list[CancelResult]:
+        return self._cancel(message_ids)
+
+    async def list_scheduled(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        limit: int | None = None,
+    ) -> list[JournalRecord]:
+        return self._list_scheduled(destination, due_before, limit)
