@@ -20,19 +20,19 @@ from typing import Any, Literal, TypeVar, cast
 
 from typing_extensions import Unpack
 
-from .core import clock, failures
+from .core import clock, failures, journal_flows
 from .core.durations import DurationLike, parse_duration_us
 from .core.journal import (
     CancelResult,
     JournalRecord,
-    ScheduleView,
     decode_records,
+    encode_records,
     journal_name,
-    plan_cancels,
 )
+from .core.journal_steps import Append, Read, ReadEnd
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
-from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Send, Step, run_flow
+from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
 from .settings import Settings
 
 __all__ = ["AsyncInMemoryPublisher", "Failure", "InMemoryPublisher", "SentMessage"]
@@ -133,8 +133,9 @@ class _Memory:
 
     @property
     def journal(self) -> list[JournalRecord]:
-        """The schedule journal's records: ``scheduled`` ones and tombstones."""
-        return self._broker.journal
+        """The schedule journal's records: ``scheduled`` ones and tombstones (the readers'
+        markers left out)."""
+        return [r for r in self._broker.journal if r.kind != "marker"]
 
     def add_destination(self, *destinations: str) -> None:
         """Make these work queues exist (all do unless ``destinations`` was given)."""
@@ -194,30 +195,21 @@ class _Memory:
         self._run(self.core.check_destination(destination))
 
     def _cancel(self, message_ids: Iterable[str]) -> list[CancelResult]:
-        self._connected()
-        view = ScheduleView().extend(self._read_journal("cancel"))
-        results, tombstones = plan_cancels(view, message_ids, self._now_ms())
-        self._broker.journal.extend(tombstones)
-        return results
+        layout = self.core.layout
+        return self._run(journal_flows.cancel(layout, message_ids, clock=self._now_ms))
 
     def _list_scheduled(
         self, destination: str | None, due_before: datetime | None, limit: int | None
     ) -> list[JournalRecord]:
-        self._connected()
-        view = ScheduleView().extend(self._read_journal("scheduled list"))
-        return view.pending(
-            self._now_ms(),
-            destination=destination,
-            due_before_ms=None if due_before is None else clock.ms_of_datetime(due_before),
-            limit=limit,
+        return self._run(
+            journal_flows.list_scheduled(
+                self.core.layout,
+                destination=destination,
+                due_before_ms=None if due_before is None else clock.ms_of_datetime(due_before),
+                limit=limit,
+                clock=self._now_ms,
+            )
         )
-
-    def _read_journal(self, what: str) -> list[JournalRecord]:
-        if not self.core.layout.journal:
-            raise failures.journal_off(what)
-        if not self._broker.journal_exists:
-            raise failures.journal_missing(self.core.layout)
-        return self._broker.journal
 
     def _connected(self) -> None:
         if self._dropped is None:
@@ -240,10 +232,28 @@ class _Memory:
             if self.can_failover:
                 self.reconnects += 1
             return self.can_failover
-        if not isinstance(step, Send):
-            # the journal flows' steps: cancel and list_scheduled read the journal here
-            raise NotImplementedError(f"the in-memory publisher does not run {step!r} yet")
+        if isinstance(step, Append):
+            return self._append(step)
+        if isinstance(step, Read):
+            return self._read(step)
         return [self._send(prepared) for prepared in step.batch]
+
+    def _append(self, step: Append) -> bool:
+        if not self._broker.journal_exists:
+            return False
+        for write in step.writes:
+            self._broker.journal.extend(decode_records(write.body))
+        return True
+
+    def _read(self, step: Read) -> ReadEnd:
+        """The whole stream, one record a message, as a reader sees it (records carry the
+        wall clock's time, not :meth:`advance`'s, so no offset filters them)."""
+        if not self._broker.journal_exists:
+            return "missing"
+        for record in list(self._broker.journal):
+            if step.take(encode_records([record])):
+                return "done"
+        return "silent"
 
     def _exists(self, queue: str) -> bool:
         if queue == journal_name(self.core.layout):

@@ -87,29 +87,21 @@ def make_decoder(annotation: Any) -> Decoder:
     if annotation is str:
         return _decode_text
     name = _type_name(annotation)
+    validate: Callable[[bytes], Any]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        model: type[BaseModel] = annotation
-
-        def decode_model(body: bytes, content_type: str | None) -> Any:
-            try:
-                return model.model_validate_json(body)
-            except ValidationError as exc:
-                raise DecodeError(
-                    f"body does not validate as {name}: {_validation_detail(exc)}"
-                ) from None
-
-        return decode_model
-    try:
-        adapter: TypeAdapter[Any] = TypeAdapter(annotation)
-    except Exception as exc:  # pydantic raises several kinds for unsupported types
-        raise ConfigurationError(
-            f"cannot decode message bodies as {name}: {exc}. Annotate the message "
-            "parameter with bytes, str, dict, a pydantic model or another JSON type"
-        ) from None
+        validate = annotation.model_validate_json
+    else:
+        try:
+            validate = TypeAdapter(annotation).validate_json
+        except Exception as exc:  # pydantic raises several kinds for unsupported types
+            raise ConfigurationError(
+                f"cannot decode message bodies as {name}: {exc}. Annotate the message "
+                "parameter with bytes, str, dict, a pydantic model or another JSON type"
+            ) from None
 
     def decode_json(body: bytes, content_type: str | None) -> Any:
         try:
-            return adapter.validate_json(body)
+            return validate(body)
         except ValidationError as exc:
             raise DecodeError(
                 f"body does not validate as {name}: {_validation_detail(exc)}"

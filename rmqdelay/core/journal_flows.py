@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Callable, Generator, Iterable
 from typing import Any, TypeVar, cast
 
-from ..errors import ConfigurationError, JournalError
+from ..errors import JournalError
 from .clock import now_ms
-from .failures import journal_missing
+from .failures import journal_missing, journal_off
 from .journal import (
     RECORDS_PER_WRITE,
     CancelResult,
@@ -102,11 +102,7 @@ class UntilMarker:
 def require_journal(layout: Layout, what: str) -> str:
     """The stream's name; a clear error when the settings turned the journal off."""
     if not layout.journal:
-        raise ConfigurationError(
-            f"{what} needs the schedule journal, which is off: set schedule_journal = true "
-            "(RMQDELAY_SCHEDULE_JOURNAL=true) and run `rmqdelay topology apply`. It shows "
-            "only what was published while the journal was on"
-        )
+        raise journal_off(what)
     return journal_name(layout)
 
 

@@ -35,6 +35,7 @@ from .journal import (
     encode_scheduled,
     journal_name,
 )
+from .journal_steps import journal_properties
 from .layout import Layout
 from .messages import ATTEMPT, CARRIED, MessageProperties, clean_headers, encode_body
 from .outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult, gather_results
@@ -44,9 +45,8 @@ from .steps import CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
 from .wire import encode_properties
 
-__all__ = ["JOURNAL_TYPE", "PublisherCore"]
+__all__ = ["PublisherCore"]
 
-JOURNAL_TYPE = "rmqdelay-journal"
 _SEND_AGAIN = (ConfirmTimeoutError, PublisherClosedError)
 """Outcomes that leave a message's fate unknown because of the connection or its node."""
 _CARRIED = frozenset(CARRIED)
@@ -273,12 +273,7 @@ class PublisherCore:
             )
             lines.append(encode_record(record))
         write_id = f"journal-{new_message_id()}"
-        properties = {
-            "message_id": write_id,
-            "type": JOURNAL_TYPE,
-            "content_type": "application/json",
-            "delivery_mode": 2,
-        }
+        properties = journal_properties(write_id)
         return Prepared(
             destination=journal_name(self.layout),
             body=b"\n".join(lines),
