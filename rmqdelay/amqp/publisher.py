@@ -14,14 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import pika
 
 from ..core.journal import CancelResult, JournalRecord
 from ..core.journal_steps import Append, Read
 from ..core.outgoing import Outcome, Prepared, PublishResult
-from ..core.steps import CheckQueue, Failover, Flow, Step, Steps
+from ..core.steps import CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
 from .connections import connect_blocking
@@ -141,11 +141,7 @@ class Publisher(
     # ------------------------------------------------------------------ steps
 
     def _run(self, flow: Flow[T]) -> T:
-        steps = Steps(flow)
-        step = steps.next()
-        while step is not None:
-            step = steps.next(self._do(step))
-        return cast(T, steps.value)
+        return run_flow(flow, self._do)
 
     def _do(self, step: Step) -> object:
         if isinstance(step, CheckQueue):

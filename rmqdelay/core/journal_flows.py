@@ -30,7 +30,7 @@ from .journal import (
 )
 from .journal_steps import Append, JournalStep, JournalWrite, Read
 from .layout import Layout
-from .steps import Steps
+from .steps import Flow, run_flow
 
 __all__ = [
     "PROGRESS_EVERY",
@@ -58,11 +58,7 @@ JournalFlow = Generator[JournalStep, Any, T]
 
 def run(flow: JournalFlow[T], do: Callable[[JournalStep], object]) -> T:
     """Carry out a flow with ``do`` answering each step (a test's adapter)."""
-    steps = Steps(flow)
-    step = steps.next()
-    while step is not None:
-        step = steps.next(do(cast(JournalStep, step)))
-    return cast(T, steps.value)
+    return run_flow(cast("Flow[T]", flow), lambda step: do(cast(JournalStep, step)))
 
 
 class UntilMarker:
