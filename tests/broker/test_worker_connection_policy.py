@@ -19,15 +19,8 @@ from rmqdelay import Settings, Worker, WorkerError
 from rmqdelay.amqp.connections import connect_async, connect_blocking
 from rmqdelay.errors import ConnectionFailedError
 from rmqdelay.settings import SecretUrl
-from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.brokerctl import BrokerAdmin, with_login
 from tests.helpers.worker_helpers import TestTopology, wait_until
-
-
-def with_login(amqp_url: str, user: str, password: str, vhost: str | None = None) -> str:
-    """The broker's URL with another user, password and (optionally) vhost."""
-    parts = urlsplit(str(amqp_url))
-    netloc = f"{user}:{password}@{parts.hostname}:{parts.port or 5672}"
-    return urlunsplit(parts._replace(netloc=netloc, path=parts.path if vhost is None else vhost))
 
 
 def worker_for(settings: Settings, destination: str = "jobs") -> Worker:

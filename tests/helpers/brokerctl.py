@@ -53,6 +53,14 @@ class BrokerAdminError(RuntimeError):
 PREFIX_MAX = 40
 
 
+def with_login(amqp_url: str, user: str, password: str, vhost: str | None = None) -> str:
+    """The broker's URL with another user, password and (optionally) vhost."""
+    parts = urllib.parse.urlsplit(str(amqp_url))
+    netloc = f"{user}:{password}@{parts.hostname}:{parts.port or 5672}"
+    path = parts.path if vhost is None else vhost
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc, path=path))
+
+
 def make_prefix(test_name: str) -> str:
     """``t-<test-name-slug>-<6 hex>``: lowercase [a-z0-9-], at most 40 characters."""
     slug = re.sub(r"[^a-z0-9]+", "-", test_name.lower()).strip("-")
