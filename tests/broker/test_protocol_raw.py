@@ -11,6 +11,7 @@ default layout: 10 ms, radix 16, max_delay 1h) is what it publishes into.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ import pytest
 
 from rmqdelay import Context, Delivery, Publisher, Settings, Settled, WorkerHook
 from rmqdelay.amqp.management import ManagementApi
+from tests.helpers.brokerctl import BrokerAdmin, with_login
 from tests.helpers.protocol_port import (
     PortLayout,
     due_ms,
@@ -114,10 +116,16 @@ Raw = tuple[WorkerCase, RawPublisher]
 
 
 @pytest.fixture
-def raw(shared_topology: TestTopology, amqp_url: str) -> Iterator[Raw]:
+def raw(shared_topology: TestTopology, amqp_url: str, admin: BrokerAdmin) -> Iterator[Raw]:
+    """The worker case, and a raw publisher logged in as a user with §5's permissions
+    only: write on the tier exchanges, the journal and the default exchange."""
     case = shared_topology.worker("raw")
     layout = read_layout(case.settings)
-    publisher = RawPublisher(str(amqp_url), layout)
+    prefix = re.escape(layout.prefix)
+    user, secret = f"{shared_topology.prefix}-raw", uuid.uuid4().hex
+    write = rf"^({prefix}\.tier\..*|{prefix}\.schedule|amq\.default)$"
+    admin.add_user(user, secret, configure="^$", write=write, read="^$", vhost=admin.vhost)
+    publisher = RawPublisher(with_login(amqp_url, user, secret), layout)
     yield case, publisher
     publisher.close()
 
