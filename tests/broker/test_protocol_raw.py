@@ -118,13 +118,15 @@ Raw = tuple[WorkerCase, RawPublisher]
 @pytest.fixture
 def raw(shared_topology: TestTopology, amqp_url: str, admin: BrokerAdmin) -> Iterator[Raw]:
     """The worker case, and a raw publisher logged in as a user with §5's permissions
-    only: write on the tier exchanges, the journal and the default exchange."""
+    only: write on the tier exchanges, the journal and the default exchange, read on the
+    work queues."""
     case = shared_topology.worker("raw")
     layout = read_layout(case.settings)
     prefix = re.escape(layout.prefix)
     user, secret = f"{shared_topology.prefix}-raw", uuid.uuid4().hex
     write = rf"^({prefix}\.tier\..*|{prefix}\.schedule|amq\.default)$"
-    admin.add_user(user, secret, configure="^$", write=write, read="^$", vhost=admin.vhost)
+    read = rf"^{prefix}\.work\..*$"  # for the passive check, from RabbitMQ 4.2.6 on
+    admin.add_user(user, secret, configure="^$", write=write, read=read, vhost=admin.vhost)
     publisher = RawPublisher(with_login(amqp_url, user, secret), layout)
     yield case, publisher
     publisher.close()
