@@ -7,11 +7,14 @@
 #                 (PYTEST_ARGS='-k foo -x' passes options through, and lifts the floor)
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make demo     run examples/seeds_demo.py against the broker
-#   make test-rmq4  the suite against RabbitMQ 4.0 in a trixie chroot (make rmq4-stop)
+#   make test-rmq43  the suite against RabbitMQ 4.3 in a Debian sid chroot on :5683
+#                 (make rmq43-stop); CI runs it beside `make test` (3.10)
+#   make test-rmq4  the same against RabbitMQ 4.0 in a trixie chroot on :5682 (rmq4-stop)
 #   make test-deps  the publishers' and worker's tests on the oldest and the newest pika,
 #                 aio-pika, aiormq, pamqp and yarl that pyproject.toml allows
-#   make cluster  a local 3-node RabbitMQ 4.0 cluster on :5711-5713, URLs printed masked
-#                 (cluster-stop; CLUSTER_RABBITMQ=3: the host's 3.10 on :5701-5703)
+#   make cluster  a local 3-node RabbitMQ 4.3 cluster on :5721-5723, URLs printed masked
+#                 (cluster-stop; CLUSTER_RABBITMQ=4: 4.0 on :5711-5713; 3: the host's
+#                 3.10 on :5701-5703)
 #   make cluster-test  kill -9, rolling-restart and partition tests on a local 3-node cluster
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
@@ -57,7 +60,7 @@ WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
 	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
 	unset out url mgmt;
 
-.PHONY: venv broker lint test unit test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist clean distclean
+.PHONY: venv broker lint test unit test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -90,26 +93,45 @@ test: venv lint broker
 unit: venv
 	$(VENV)/bin/pytest -q -m unit tests/unit $(PYTEST_ARGS)
 
-# The whole suite against RabbitMQ 4.0 (Debian trixie's package) in a chroot on :5682,
-# built once (where: scripts/brokers/rmq4.py, RMQDELAY_RMQ4_ROOT); the node stops after.
-RMQ4_ENV = RMQDELAY_URL=amqp://guest:guest@127.0.0.1:5682/%2F RMQDELAY_MANAGEMENT_URL=http://127.0.0.1:15682
+# The whole suite against a newer RabbitMQ from a Debian chroot built once on first use
+# (scripts/brokers/chroot.py; where: $$RMQDELAY_RMQ43_ROOT, $$RMQDELAY_RMQ4_ROOT): 4.3.6
+# (sid) on :5683, management :15683; 4.0.5 (trixie) on :5682, :15682. The node is
+# stopped after unless it was running before (others may be using it); rmq43-stop
+# stops it. $(call CHROOT_SUITE,release,AMQP port)
+define CHROOT_SUITE
+@up=0; $(PY) scripts/broker.py $(1) running 2>/dev/null && up=1; \
+$(PY) scripts/broker.py $(1) start > /dev/null; \
+rc=0; RMQDELAY_URL=amqp://guest:guest@127.0.0.1:$(2)/%2F \
+	RMQDELAY_MANAGEMENT_URL=http://127.0.0.1:$$(($(2) + 10000)) \
+	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
+if [ $$up = 0 ]; then $(PY) scripts/broker.py $(1) stop || rc=1; \
+else echo "test-$(1): the node was running before: left running ($(1)-stop stops it)"; fi; \
+if [ $$rc -eq 5 ]; then echo "test-$(1): pytest collected no tests (exit 5); that is a failure" >&2; fi; \
+exit $$rc
+endef
+
+test-rmq43: venv
+	$(call CHROOT_SUITE,rmq43,5683)
+
+rmq43-stop:
+	$(PY) scripts/broker.py rmq43 stop
+
 test-rmq4: venv
-	@$(PY) scripts/broker.py rmq4 start > /dev/null; \
-	rc=0; $(RMQ4_ENV) $(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
-	$(PY) scripts/broker.py rmq4 stop || rc=1; \
-	exit $$rc
+	$(call CHROOT_SUITE,rmq4,5682)
 
 rmq4-stop:
 	$(PY) scripts/broker.py rmq4 stop
 
-# A local 3-node cluster of RabbitMQ 4.0 from the trixie chroot of `make test-rmq4` (built
-# once): nodes rmqd-c4-1..3 on 127.0.0.1:5711-5713 (management 15711-15713), data inside
-# the chroot; cluster-test starts it, runs the failover tests (kill -9 of a node, a
-# rolling restart, a 30 s partition of the clients' node and of another, made with
-# nftables: scripts/brokers/partition.py; about 5 minutes) and stops it. CLUSTER_RABBITMQ=3: the host's
-# rabbitmq-server 3.10 on 5701-5703 (data: scripts/brokers/cluster.py), whose
-# dead-letter worker can strand messages in the rolling restart (fixed in 3.10.20).
-CLUSTER_RABBITMQ ?= 4
+# A local 3-node cluster from the chroot of `make test-rmq43` (built once): RabbitMQ 4.3,
+# nodes rmqd-c43-1..3 on 127.0.0.1:5721-5723 (management 15721-15723), data inside the
+# chroot; cluster-test starts it, runs the failover tests (kill -9 of a node, a rolling
+# restart, a 30 s partition of the clients' node and of another, made with nftables:
+# scripts/brokers/partition.py; about 5 minutes) and stops it. CLUSTER_RABBITMQ=4:
+# RabbitMQ 4.0 from the chroot of `make test-rmq4`, nodes rmqd-c4-1..3 on :5711-5713;
+# CLUSTER_RABBITMQ=3: the host's rabbitmq-server 3.10 on 5701-5703 (data:
+# scripts/brokers/cluster.py), whose dead-letter worker can strand messages in the
+# rolling restart (fixed in 3.10.20).
+CLUSTER_RABBITMQ ?= 43
 CLUSTER = $(PY) scripts/broker.py cluster --rabbitmq $(CLUSTER_RABBITMQ)
 
 cluster: venv

@@ -12,21 +12,26 @@ where a broker comes from); this is its command line::
                                         # the container lives as long as CMD)
     --no-management                     # never enable the management plugin
     python scripts/broker.py cluster start|stop
-                                        # 3 local nodes of RabbitMQ 4.0 (trixie chroot) on
-                                        # :5711-5713 (make cluster); start prints their
+                                        # 3 local nodes of RabbitMQ 4.3 (sid chroot) on
+                                        # :5721-5723 (make cluster); start prints their
                                         # masked URLs
     python scripts/broker.py cluster urls|management-urls
                                         # comma-separated, for $(...) (make cluster-test)
     python scripts/broker.py cluster partition N|heal N
                                         # cut node N (1-3) off from the others with
                                         # nftables (clients still reach it); heal it
-    python scripts/broker.py cluster --rabbitmq 3 start|stop|urls|management-urls
-                                        # the same from the host's RabbitMQ 3.10 on
+    python scripts/broker.py cluster --rabbitmq 4 start|stop|urls|management-urls
+                                        # the same of RabbitMQ 4.0 (trixie chroot) on
+                                        # :5711-5713; --rabbitmq 3: the host's 3.10 on
                                         # :5701-5703 (default: $RMQDELAY_CLUSTER_RABBITMQ,
-                                        # else 4)
+                                        # else 43)
+    python scripts/broker.py rmq43 start|stop|running
+                                        # RabbitMQ 4.3 in a sid chroot on :5683
+                                        # (management :15683); start prints its URL,
+                                        # running exits 0 when it answers
     python scripts/broker.py rmq4 start|stop
                                         # RabbitMQ 4.0 in a trixie chroot on :5682
-                                        # (management :15682); start prints its URL
+                                        # (management :15682)
 
 The tests import ``BrokerInfo``, ``BrokerUnavailable``, ``SecretUrl``, ``ensure_broker``
 and ``mask_url`` from here.  Passwords are never printed: diagnostics show masked URLs.
@@ -42,7 +47,7 @@ import time
 from collections.abc import Sequence
 
 # the brokers package lives beside this file (sys.path[0] when run as a script)
-from brokers import BrokerInfo, BrokerUnavailable, SecretUrl, container, find, mask_url
+from brokers import BrokerInfo, BrokerUnavailable, SecretUrl, chroot, container, find, mask_url
 from brokers.base import error, log, set_quiet
 from brokers.find import ENV_VAR, ensure_broker, plan
 from brokers.probe import tcp_open
@@ -79,8 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "whose API is not at :15672 (make exports it as RMQDELAY_MANAGEMENT_URL)",
     )
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["rmq4"]:
-        return _rmq4(argv[1:])
+    if argv[:1] and argv[0] in chroot.RELEASES:
+        return _chroot_node(chroot.RELEASES[argv[0]], argv[1:])
     if argv[:1] == ["cluster"]:
         return _cluster(argv[1:])
     command: list[str] = []
@@ -134,11 +139,11 @@ def _cluster(argv: list[str]) -> int:
     """``cluster start`` (idempotent) prints the nodes' masked URLs; ``cluster stop``;
     ``cluster urls`` and ``cluster management-urls`` print comma-separated lists for
     ``$(...)`` in a shell (the AMQP ones unmasked: never to a terminal).
-    ``--rabbitmq 4|3`` (or ``--rabbitmq=3``) picks the RabbitMQ the cluster runs."""
+    ``--rabbitmq 43|4|3`` (or ``--rabbitmq=3``) picks the RabbitMQ the cluster runs."""
     from brokers import cluster
 
     usage = (
-        "usage: broker.py cluster [--rabbitmq 4|3] "
+        "usage: broker.py cluster [--rabbitmq 43|4|3] "
         "start|stop|urls|management-urls|partition N|heal N"
     )
     argv = list(argv)
@@ -187,22 +192,24 @@ def _cluster(argv: list[str]) -> int:
     return 2
 
 
-def _rmq4(argv: list[str]) -> int:
-    """``rmq4 start`` prints the URL (and the management URL on stderr); ``rmq4 stop``."""
-    from brokers import rmq4
-
+def _chroot_node(rel: chroot.Release, argv: list[str]) -> int:
+    """``rmq43 start`` prints the URL (and the management URL on stderr); ``rmq43 stop``;
+    ``rmq43 running`` exits 0 when the node answers AMQP, else 1 (it starts nothing).
+    The same for every release of brokers.chroot.RELEASES (``rmq4``: 4.0)."""
     try:
         if argv == ["start"]:
-            url = rmq4.start()
-            log(f"RabbitMQ 4: {mask_url(url)}, management {rmq4.MANAGEMENT_URL}")
+            url = chroot.start(rel)
+            log(f"RabbitMQ {rel.version}: {mask_url(url)}, management {rel.management_url}")
             print(url, flush=True)
             return 0
         if argv == ["stop"]:
-            return 0 if rmq4.stop() else 1
+            return 0 if chroot.stop(rel) else 1
+        if argv == ["running"]:
+            return 0 if chroot.running(rel) else 1
     except BrokerUnavailable as exc:
         error(str(exc))
         return 1
-    error("usage: broker.py rmq4 start|stop")
+    error(f"usage: broker.py {rel.name} start|stop|running")
     return 2
 
 

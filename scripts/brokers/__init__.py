@@ -7,7 +7,10 @@ Modules, each usable on its own:
 - ``find``      -- the order of the sources and ``ensure_broker()``, the tests' entry;
 - ``container`` -- a throw-away broker in Docker through testcontainers;
 - ``debian``    -- start and stop Debian ``rabbitmq-server`` nodes, the system one or
-  nodes of one's own (name, port, data/log dirs, config file).
+  nodes of one's own (name, port, data/log dirs, config file);
+- ``chroot``    -- RabbitMQ 4.0 and 4.3 from newer Debian releases, each in a chroot
+  built once, with a single node of its own (``broker.py rmq43 start``);
+- ``cluster``, ``partition`` -- a local 3-node cluster, and cutting a node off.
 
 ``scripts/broker.py`` is the command line over them.  Only the standard library is
 required; pika, docker and testcontainers are used when importable.

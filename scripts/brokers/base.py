@@ -151,10 +151,16 @@ def is_loopback(url: str) -> bool:
 
 
 def run_captured(
-    cmd: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
+    cmd: Sequence[str],
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    *,
+    new_session: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run *cmd* with its output in a temporary file, not a pipe: a daemon it starts
-    (``rabbitmq-server -detached``, epmd) may keep inherited pipes open for ever."""
+    (``rabbitmq-server -detached``, epmd) may keep inherited pipes open for ever.
+    ``new_session``: in a session of its own (setsid), out of reach of the terminal's
+    signals (a Ctrl-C while a node starts)."""
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.run(
             list(cmd),
@@ -165,6 +171,7 @@ def run_captured(
             timeout=timeout,
             check=False,
             env=None if env is None else {**os.environ, **env},
+            start_new_session=new_session,
         )
         out.seek(0)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), "")

@@ -1,14 +1,17 @@
 """A local 3-node RabbitMQ cluster of Debian's ``rabbitmq-server``, on loopback only.
 
-Two flavours, chosen by :func:`select` (``broker.py cluster --rabbitmq 3 ...``) or
-``$RMQDELAY_CLUSTER_RABBITMQ`` (``4``, the default, or ``3``):
+Three flavours, chosen by :func:`select` (``broker.py cluster --rabbitmq 4 ...``) or
+``$RMQDELAY_CLUSTER_RABBITMQ`` (``43``, the default, ``4`` or ``3``):
 
-* ``4``: RabbitMQ 4.0 (Debian trixie, Erlang 27) in the chroot of :mod:`.rmq4`. Nodes
+* ``43``: RabbitMQ 4.3 (Debian sid, Erlang 29) in the chroot of :mod:`.chroot`'s
+  ``rmq43`` (the one ``make test-rmq43`` runs). Nodes ``rmqd-c43-1@localhost`` ..
+  ``rmqd-c43-3@localhost``: AMQP on 127.0.0.1:5721-5723, management on 15721-15723,
+  distribution ports 25721-25723, data and logs under ``/var/lib/rmqdelay-cluster43``
+  inside the chroot.
+* ``4``: RabbitMQ 4.0 (Debian trixie, Erlang 27) in the chroot of ``rmq4``. Nodes
   ``rmqd-c4-1@localhost`` .. ``rmqd-c4-3@localhost``: AMQP on 127.0.0.1:5711-5713,
   management on 15711-15713, distribution ports 25711-25713, data and logs under
-  ``/var/lib/rmqdelay-cluster4`` inside the chroot. They run as the chroot's
-  ``rabbitmq`` user, so they share its Erlang cookie (the chroot's
-  /var/lib/rabbitmq/.erlang.cookie); the host's epmd serves them.
+  ``/var/lib/rmqdelay-cluster4`` inside the chroot.
 * ``3``: the host's RabbitMQ 3.10.8 (Debian bookworm). Its at-least-once dead-letter
   worker can strand messages when a queue's leader moves (a rolling restart left 31-62
   of 14-17k messages in ``messages_dlx`` in 3 runs of 4; fixed in 3.10.20). Nodes
@@ -17,8 +20,13 @@ Two flavours, chosen by :func:`select` (``broker.py cluster --rabbitmq 3 ...``) 
   :data:`BASE`. They run as the ``rabbitmq`` user with its home, so they share its
   Erlang cookie (the host node's).
 
+In a chroot the nodes run as the chroot's ``rabbitmq`` user, so they share its Erlang
+cookie (the chroot's /var/lib/rabbitmq/.erlang.cookie); the host's epmd serves them. The
+chroot's single node (``make test-rmq43``) may run beside them: stopping either leaves
+the chroot mounted while the other runs.
+
 Nodes 2 and 3 join node 1. The data is kept between runs, so a second start needs no
-joining. For the cluster tests: ``make cluster-test`` (``CLUSTER_RABBITMQ=4|3``).
+joining. For the cluster tests: ``make cluster-test`` (``CLUSTER_RABBITMQ=43|4|3``).
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import chroot
 from . import partition as _partition
-from . import rmq4
 from .base import BrokerUnavailable, log, run_captured
 from .debian import DebianNode, start_node, stop_node
 from .probe import amqp_ok, tcp_open, wait_for
@@ -75,21 +83,26 @@ CLUSTER_CONFIG = ("net_ticktime = 15",)
 fresh distribution links instead of ones whose TCP retransmits backed off, and expired
 messages move on through the tiers within seconds of the heal, not 40 s (README,
 Running on a cluster)."""
-DEFAULT = "4"  # 3.10.8's dead-letter worker loses track of messages in a rolling restart
+DEFAULT = "43"  # the newest; 3.10.8's dead-letter worker loses messages in a rolling restart
 
 
 @dataclass(frozen=True)
 class Flavour:
     """Which RabbitMQ the cluster runs, and where."""
 
-    version: str  # "3.10" or "4.0", for messages
+    version: str  # "3.10", "4.0" or "4.3", for messages
     names: tuple[str, ...]
     first_port: int
-    base: Path  # the nodes' data; inside ``root`` when there is one
-    root: Path | None = None  # the chroot the nodes run in
+    base: Path  # the nodes' data; inside the chroot when there is one
+    release: chroot.Release | None = None  # the chroot the nodes run in
+
+    @property
+    def root(self) -> Path | None:
+        return None if self.release is None else self.release.root
 
     def host_path(self, path: Path) -> Path:
-        return path if self.root is None else self.root / path.relative_to("/")
+        root = self.root
+        return path if root is None else root / path.relative_to("/")
 
 
 FLAVOURS = {
@@ -99,20 +112,29 @@ FLAVOURS = {
         ("rmqd-c4-1", "rmqd-c4-2", "rmqd-c4-3"),
         5711,
         Path("/var/lib/rmqdelay-cluster4"),
-        root=rmq4.ROOT,
+        release=chroot.RELEASES["rmq4"],
+    ),
+    "43": Flavour(
+        "4.3",
+        ("rmqd-c43-1", "rmqd-c43-2", "rmqd-c43-3"),
+        5721,
+        Path("/var/lib/rmqdelay-cluster43"),
+        release=chroot.RELEASES["rmq43"],
     ),
 }
-_ALIASES = {"3": "3", "3.10": "3", "4": "4", "4.0": "4"}
+_ALIASES = {"3": "3", "3.10": "3", "4": "4", "4.0": "4", "43": "43", "4.3": "43"}
 _selected: list[str] = []
 
 
 def select(version: str) -> Flavour:
-    """Aim this module's functions at the cluster of RabbitMQ *version* (3, 3.10, 4, 4.0)."""
+    """Aim this module's functions at the cluster of RabbitMQ *version* (43 or 4.3, 4 or
+    4.0, 3 or 3.10)."""
     try:
         key = _ALIASES[version.strip()]
     except KeyError:
         raise BrokerUnavailable(
-            f"no cluster of RabbitMQ {version!r}: say 3 (3.10, the host's) or 4 (4.0, chroot)"
+            f"no cluster of RabbitMQ {version!r}: say 43 (4.3, sid chroot), 4 (4.0, trixie "
+            "chroot) or 3 (3.10, the host's)"
         ) from None
     _selected[:] = [key]
     return FLAVOURS[key]
@@ -120,7 +142,7 @@ def select(version: str) -> Flavour:
 
 def current() -> Flavour:
     """The selected flavour: :func:`select`'s, else ``$RMQDELAY_CLUSTER_RABBITMQ``, else
-    :data:`DEFAULT` (4)."""
+    :data:`DEFAULT` (43)."""
     if not _selected:
         select(os.environ.get(VERSION_ENV, "").strip() or DEFAULT)
     return FLAVOURS[_selected[0]]
@@ -128,8 +150,8 @@ def current() -> Flavour:
 
 @functools.cache
 def _nodes(flavour: Flavour) -> tuple[DebianNode, ...]:
-    if flavour.root is not None:
-        rmq4.ensure_chroot()  # the node files go inside it
+    if flavour.release is not None:
+        chroot.ensure_chroot(flavour.release)  # the node files go inside it
     return tuple(
         DebianNode.scratch(
             flavour.base,
@@ -217,8 +239,8 @@ def _start_together(to_start: list[DebianNode]) -> None:
 def start() -> list[str]:
     """Start what is not running, join nodes 2 and 3 to node 1, wait for 3 running."""
     flavour = current()
-    if flavour.root is not None:
-        rmq4.prepare_chroot()  # built, mounted, with the open-files limit
+    if flavour.release is not None:
+        chroot.prepare_chroot(flavour.release)  # built, mounted, /etc/hosts, open files
     base = flavour.host_path(flavour.base)
     base.mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o755)  # the rabbitmq user must reach its node's directories
@@ -332,8 +354,8 @@ def stop_one(index: int) -> None:
 
 def stop() -> bool:
     """Stop every node, node 1 last; True when no VM of theirs is left nor named by epmd.
-    In the chroot, /proc and /dev are unmounted once nothing else runs there (the single
-    node of :mod:`.rmq4` may)."""
+    In the chroot, /proc and /dev are unmounted once nothing else runs there (the chroot's
+    single node of :mod:`.chroot` may)."""
     flavour = current()
     if flavour.root is not None and not (flavour.root / "etc/passwd").exists():
         return True  # no chroot: nothing of this cluster can run
@@ -349,6 +371,7 @@ def stop() -> bool:
     gone = wait_for(lambda: all(pid(n) is None for n in nodes()) and not registered(), 30)
     if not gone:
         log(f"left behind: VMs {[pid(n) for n in nodes()]}, epmd names {registered()}")
-    elif flavour.root is not None and not rmq4.release_chroot():
-        log(f"{flavour.root} left mounted: other processes run there {rmq4.chroot_pids()}")
+    elif flavour.release is not None and not chroot.release_chroot(flavour.release):
+        others = chroot.chroot_pids(flavour.release)
+        log(f"{flavour.root} left mounted: other processes run there {others}")
     return gone

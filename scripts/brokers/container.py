@@ -24,7 +24,8 @@ __all__ = [
     "testcontainers_importable",
 ]
 
-CONTAINER_IMAGE = "rabbitmq:3.13-management"
+CONTAINER_IMAGE = "rabbitmq:4.3-management"
+"""The newest RabbitMQ rmqdelay supports (make test-rmq43 runs the suite on 4.3.6)."""
 MANAGEMENT_PORT = 15672
 
 

@@ -149,7 +149,8 @@ class DebianNode:
 
     @property
     def label(self) -> str:
-        return f"{self.node_name or 'the system node'} on {self.host}:{self.port}"
+        default = "the chroot's default node" if self.command_prefix else "the system node"
+        return f"{self.node_name or default} on {self.host}:{self.port}"
 
     @property
     def plugins_file(self) -> Path:
@@ -259,7 +260,8 @@ def _prepare(node: DebianNode) -> None:
 
 
 def start_node(node: DebianNode, timeout: float | None = None) -> float:
-    """Start *node* with ``rabbitmq-server -detached`` and wait until it answers AMQP.
+    """Start *node* with ``rabbitmq-server -detached`` (launched in a session of its own)
+    and wait until it answers AMQP.
 
     Returns the seconds it took; raises BrokerUnavailable saying what went wrong.
     """
@@ -268,7 +270,7 @@ def start_node(node: DebianNode, timeout: float | None = None) -> float:
     cmd = node.command("rabbitmq-server", "-detached")
     log(f"starting {' '.join(cmd)} ({node.label})")
     try:
-        proc = run_captured(cmd, timeout=60, env=node.environment())
+        proc = run_captured(cmd, timeout=60, env=node.environment(), new_session=True)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BrokerUnavailable(f"rabbitmq-server -detached failed: {exc}") from None
     if proc.returncode != 0:

@@ -251,7 +251,7 @@ def _with_management(info: BrokerInfo) -> BrokerInfo:
         return BrokerInfo(url=info.url, management_url=mgmt, source=info.source)
     host, port = host_port(info.url)
     if is_loopback(info.url) and port != LOCAL_PORT:
-        # another broker of this machine (make test-rmq4 on :5682, the cluster on :5701):
+        # another broker of this machine (make test-rmq43 on :5683, the cluster on :5721):
         # :15672 is the API of the one on :5672, so only its own port + 10000 will do
         candidate = f"http://{host}:{port + MANAGEMENT_PORT - LOCAL_PORT}"
         ok = management_ok(candidate, info.url, timeout=2.0, amqp_port=port)

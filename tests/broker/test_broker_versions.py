@@ -1,7 +1,8 @@
 """Where RabbitMQ 3.10 and 4.x differ, and what rmqdelay does about it.
 
-The suite runs on both (``make test`` on Debian bookworm's 3.10, ``make test-rmq4`` on
-trixie's 4.0); each test here asserts the behaviour of the version it finds.
+The suite runs on each (``make test`` on Debian bookworm's 3.10, ``make test-rmq43`` on
+sid's 4.3, ``make test-rmq4`` on trixie's 4.0); each test here asserts the behaviour of
+the version it finds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The 3-node cluster for the tests in tests/cluster: fixtures ``cluster`` (and its old
 name ``local_cluster``).
 
-``make cluster-test`` starts the cluster (scripts/broker.py cluster start; RabbitMQ 4.0
-unless ``CLUSTER_RABBITMQ=3``) and exports
-its nodes as ``RMQDELAY_CLUSTER_URLS`` and ``RMQDELAY_CLUSTER_MANAGEMENT_URLS``
-(comma-separated, in node order), and ``RMQDELAY_CLUSTER_RABBITMQ`` (3 or 4: which of
+``make cluster-test`` starts the cluster (scripts/broker.py cluster start; RabbitMQ 4.3
+unless ``CLUSTER_RABBITMQ=4`` or ``3``) and exports its nodes as
+``RMQDELAY_CLUSTER_URLS`` and ``RMQDELAY_CLUSTER_MANAGEMENT_URLS`` (comma-separated, in
+node order), and ``RMQDELAY_CLUSTER_RABBITMQ`` (43, 4 or 3: which of
 scripts/brokers/cluster.py's clusters it is; without it, the one whose URLs those are);
 without the URLs the fixture looks for ``make cluster``'s nodes. Killing and restarting
 a node works on those local nodes only.
@@ -65,7 +65,7 @@ class Cluster:
         )
 
     def index_of(self, node_name: str) -> int:
-        """The index of ``rmqd-c2@localhost`` (``rmqd-c4-2@localhost``) in :attr:`urls`."""
+        """The index of ``rmqd-c43-2@localhost`` (``rmqd-c2@localhost``...) in :attr:`urls`."""
         return local_nodes.node_names().index(node_name)
 
     def _local(self, index: int) -> int:
@@ -99,7 +99,7 @@ class Cluster:
 
 
 def _select_local_cluster() -> None:
-    """Aim scripts/brokers/cluster.py at the local cluster the URLs name (3.10 or 4.0)
+    """Aim scripts/brokers/cluster.py at the local cluster the URLs name (3.10, 4.0, 4.3)
     when $RMQDELAY_CLUSTER_RABBITMQ does not say which."""
     wanted = _listed(URLS_ENV, [])
     if os.environ.get(local_nodes.VERSION_ENV, "").strip() or not wanted:

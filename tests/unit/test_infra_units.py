@@ -3,13 +3,15 @@ prefixes.  Its broker-side half is tests/broker/test_infra_smoke.py."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from broker import BrokerInfo, mask_url
-from brokers import base, container, debian, find
+from brokers import base, chroot, cluster, container, debian, find
 
 from tests.helpers.broker_fakes import FakeContainer
 from tests.helpers.brokerctl import make_prefix
@@ -164,3 +166,111 @@ def test_management_ok_checks_the_api_serves_the_amqp_port() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------- chroot releases
+
+
+def test_each_chroot_release_has_its_own_ports_node_and_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """4.0 keeps what it had; 4.3 sits beside it, one port further, in a sid chroot."""
+    rmq4, rmq43 = chroot.RELEASES["rmq4"], chroot.RELEASES["rmq43"]
+    assert (rmq4.version, rmq4.suite, rmq43.version, rmq43.suite) == ("4.0", "trixie", "4.3", "sid")
+    assert (rmq4.amqp_port, rmq4.management_port, rmq4.dist_port) == (5682, 15682, 25682)
+    assert (rmq43.amqp_port, rmq43.management_port, rmq43.dist_port) == (5683, 15683, 25683)
+    assert rmq43.node_name == "rmqd-rmq43@localhost" and rmq4.node_name == "rmqd-rmq4@localhost"
+    assert rmq43.url == "amqp://guest:guest@127.0.0.1:5683/%2F"
+    assert rmq43.management_url == "http://127.0.0.1:15683"
+    config = rmq43.config()
+    assert "listeners.tcp.1 = 127.0.0.1:5683" in config["etc/rabbitmq/rabbitmq.conf"]
+    assert "management.tcp.port = 15683" in config["etc/rabbitmq/rabbitmq.conf"]
+    assert config["etc/rabbitmq/rabbitmq-env.conf"] == (
+        "NODENAME=rmqd-rmq43@localhost\nDIST_PORT=25683\n"
+    )
+    # only sid's mirror snapshot needs its expired Release file accepted
+    assert rmq43.apt_update_options == ("-o", "Acquire::Check-Valid-Until=false")
+    assert rmq4.apt_update_options == ()
+
+    monkeypatch.delenv("RMQDELAY_RMQ43_ROOT", raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert rmq43.root == Path("/var/cache/rmqdelay/rabbitmq43-sid")
+    assert rmq4.root.name == "rabbitmq4-trixie"
+    monkeypatch.setenv("RMQDELAY_RMQ43_ROOT", str(tmp_path))
+    assert rmq43.root == tmp_path and rmq4.root != tmp_path
+    node = rmq43.node()  # the chroot's default node: its name comes from /etc/rabbitmq
+    assert node.command("rabbitmq-server", "-detached") == [
+        "chroot",
+        str(tmp_path),
+        "/usr/sbin/rabbitmq-server",
+        "-detached",
+    ]
+    assert node.environment() == {}  # no RABBITMQ_NODENAME: stop() tells it from a cluster's
+    with pytest.raises(base.BrokerUnavailable, match="say one of rmq4, rmq43"):
+        chroot.release("rmq5")
+
+
+def test_a_fresh_machine_builds_the_sid_chroot(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """debootstrap installed when missing, sid bootstrapped, apt told to accept sid's
+    expired Release file, rabbitmq-server installed; the chroot appears only when whole."""
+    root = tmp_path / "rabbitmq43-sid"
+    monkeypatch.setenv("RMQDELAY_RMQ43_ROOT", str(root))
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], timeout: float) -> None:
+        ran.append(cmd)
+        if cmd[0] == "debootstrap":
+            (Path(cmd[-1]) / "usr/sbin").mkdir(parents=True)
+        if cmd[-1] == "rabbitmq-server":
+            server = Path(cmd[1]) / "usr/lib/rabbitmq/bin/rabbitmq-server"
+            server.parent.mkdir(parents=True)
+            server.write_text("")
+
+    monkeypatch.setattr(chroot, "_run", run)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    rel = chroot.RELEASES["rmq43"]
+    chroot.ensure_chroot(rel)
+    building = str(tmp_path / "rabbitmq43-sid.building")
+    assert ran == [
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "debootstrap"],
+        ["debootstrap", "--variant=minbase", "sid", building],
+        ["chroot", building, "apt-get", "-o", "Acquire::Check-Valid-Until=false", "update", "-qq"],
+        [
+            "chroot",
+            building,
+            *("apt-get", "install", "-y", "-qq", "--no-install-recommends", "rabbitmq-server"),
+        ],
+    ]
+    assert (root / "usr/sbin/policy-rc.d").read_text().endswith("exit 101\n")
+    ran.clear()
+    assert chroot.ensure_chroot(rel) == 0.0 and ran == []  # reused when present
+
+
+def test_the_chroot_gets_the_hosts_etc_hosts(tmp_path: Path) -> None:
+    """Without localhost in it, a node named @localhost hangs at boot, silently."""
+    (tmp_path / "etc").mkdir()
+    chroot._copy_hosts(tmp_path)
+    assert (tmp_path / "etc/hosts").read_bytes() == Path("/etc/hosts").read_bytes()
+    (tmp_path / "etc/hosts").write_text("# stale\n")
+    chroot._copy_hosts(tmp_path)
+    assert (tmp_path / "etc/hosts").read_bytes() == Path("/etc/hosts").read_bytes()
+
+
+def test_the_cluster_runs_4_3_by_default_on_ports_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(cluster.VERSION_ENV, raising=False)
+    monkeypatch.setattr(cluster, "_selected", [])
+    assert cluster.current().version == "4.3"
+    assert cluster.urls()[0] == "amqp://guest:guest@127.0.0.1:5721/%2F"
+    assert cluster.management_urls() == [f"http://127.0.0.1:{p}" for p in (15721, 15722, 15723)]
+    assert cluster.node_names()[2] == "rmqd-c43-3@localhost"
+    assert cluster.current().release is chroot.RELEASES["rmq43"]
+    firsts = {version: cluster.select(version).first_port for version in ("4.0", "4", "3.10", "3")}
+    assert firsts == {"4.0": 5711, "4": 5711, "3.10": 5701, "3": 5701}
+    assert cluster.current().root is None  # 3.10 is the host's
+    with pytest.raises(base.BrokerUnavailable, match=r"say 43 \(4\.3, sid chroot\)"):
+        cluster.select("4.1")
