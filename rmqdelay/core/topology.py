@@ -27,15 +27,17 @@ __all__ = [
     "Topology",
     "build_topology",
     "kept_difference",
+    "queue_arguments",
 ]
 
-QueueRole = Literal["tier", "work", "parking", "journal"]
+QueueRole = Literal["tier", "work", "parking", "journal", "inbox"]
+ExchangeKind = Literal["topic", "fanout", "direct", "headers"]
 
 
 @dataclass(frozen=True)
 class Exchange:
     name: str
-    type: Literal["topic", "fanout"]
+    type: ExchangeKind
     arguments: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -52,6 +54,8 @@ class Binding:
     destination: str  # a queue or an exchange
     destination_type: Literal["queue", "exchange"]
     routing_key: str
+    arguments: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """For a headers exchange (the x-delay bridge's inbox binding)."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +106,11 @@ def kept_difference(queue: Queue, argument: str, *, missing: bool) -> KeptReason
     return None
 
 
-def _queue_arguments(
+def queue_arguments(
     layout: Layout, queue_type: str, dead_letter_exchange: str | None
 ) -> dict[str, Any]:
+    """A queue's type, placement and dead-lettering arguments (tiers, work queues, the
+    bridge's inbox), at least once for quorum queues."""
     args: dict[str, Any] = {"x-queue-type": queue_type}
     if queue_type == "quorum":
         if layout.leader_locator is not None:
@@ -133,14 +139,14 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
         Exchange(layout.delivery_exchange, "topic", {"alternate-exchange": layout.parking}),
         *(Exchange(p.exchange, "topic") for p in layout.positions),
     ]
-    parking_args = _queue_arguments(layout, queue_type, None)
+    parking_args = queue_arguments(layout, queue_type, None)
     if queue_type == "quorum":  # read and returned by `parked list`: see the constant
         parking_args["x-delivery-limit"] = PARKING_DELIVERY_LIMIT
     queues = [Queue(layout.parking, "parking", parking_args)]
     bindings = [Binding(layout.parking, layout.parking, "queue", "")]
     for position in layout.positions:
         for tier in position.tiers:
-            args = _queue_arguments(layout, queue_type, position.exchange)
+            args = queue_arguments(layout, queue_type, position.exchange)
             args["x-message-ttl"] = tier.ttl_ms
             queues.append(Queue(tier.queue, "tier", args))
             # publishers enter the tiers through the first tier's own fanout
@@ -169,7 +175,7 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
     for destination in dict.fromkeys(destinations):
         validate_destination(layout, destination)
         work = layout.work_queue(destination)
-        args = _queue_arguments(layout, queue_type, layout.parking)
+        args = queue_arguments(layout, queue_type, layout.parking)
         if queue_type == "quorum":
             args["x-delivery-limit"] = layout.delivery_limit
         queues.append(Queue(work, "work", args))

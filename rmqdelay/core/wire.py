@@ -224,6 +224,7 @@ _PROPERTIES: tuple[tuple[str, int, _Encoder], ...] = (
     ("type", 1 << 5, _shortstr),
     ("user_id", 1 << 4, _shortstr),
     ("app_id", 1 << 3, _shortstr),
+    ("cluster_id", 1 << 2, _shortstr),  # deprecated by AMQP 0-9-1; the x-delay bridge carries it
 )
 """Basic's properties in AMQP 0-9-1 order, with their flag bits."""
 _NAMES = frozenset(name for name, _bit, _encode in _PROPERTIES)

@@ -1,0 +1,389 @@
+"""The ``x-delay`` bridge, pure: names, the ``x-delay`` header, and the envelope.
+
+Users of the delayed-message-exchange plugin publish to an exchange ``NAME`` with an
+``x-delay`` header (milliseconds). The bridge takes every such message from an inbox
+queue, sends it through rmqdelay's tiers to a destination of its own (stage 1), and when
+it falls due publishes it to the delivery exchange ``DNAME`` with the routing key, body,
+headers and properties it came with (stage 2). The original routing key, properties and
+headers travel in one header table, the *envelope*, so that stage 2 can restore them
+exactly, whatever rmqdelay and the broker add on the way (attempt, due time, ``x-death``).
+
+What the plugin did with an ``x-delay`` (``rabbit_delayed_message_utils:get_delay``):
+integers are the delay; a float is truncated; a string is read as an integer; a delay
+of 0 or less, or a header that is missing, routes the message at once; so does any
+other type, and a delay over 2^32 - 1 ms; a string that is not an integer crashed the
+route. The bridge follows it where that was sane (missing, zero or negative: at once;
+floats truncated; integer strings read) and parks with a reason what was a publisher's
+bug (a string that is no integer, a bool, a table, a timestamp...) or cannot be held (a
+delay over ``max_delay``): never dropped, never delivered early. Delays between 2^32 - 1
+ms (about 49.7 days) and ``max_delay`` are held for their whole delay, where the plugin
+delivered them at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal
+
+from ..errors import ConfigurationError
+from .durations import format_ms
+from .layout import Layout
+from .topology import Binding, Exchange, Queue, Topology, queue_arguments
+
+__all__ = [
+    "DELIVERY_SUFFIX",
+    "ENVELOPE",
+    "EXCHANGE_TYPES",
+    "PLUGIN_MAX_DELAY_MS",
+    "PROPERTY_NAMES",
+    "X_DELAY",
+    "BridgeNames",
+    "BridgeTopology",
+    "ExchangeType",
+    "Inbound",
+    "Policy",
+    "Restored",
+    "bridge_names",
+    "bridge_topology",
+    "envelope",
+    "read_delay",
+    "restore",
+    "unwanted_bindings",
+]
+
+ExchangeType = Literal["direct", "topic", "fanout", "headers"]
+EXCHANGE_TYPES: tuple[ExchangeType, ...] = ("direct", "topic", "fanout", "headers")
+X_DELAY = "x-delay"
+ENVELOPE = "rmqdelay-bridge"
+"""The header that carries the original exchange, routing key, properties and headers."""
+DELIVERY_SUFFIX = ".delayed"
+"""``DNAME`` is ``NAME`` + this unless given: where consumers' queues bind."""
+PLUGIN_MAX_DELAY_MS = 2**32 - 1
+"""The plugin's longest delay (an Erlang timer); it delivered longer ones at once."""
+_VERSION = 1
+
+PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "cluster_id",
+)
+"""Basic's properties besides ``headers``, as :func:`rmqdelay.core.wire.encode_properties`
+names them: the envelope keeps those a message came with."""
+
+_WORD = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_NOT_WORD = re.compile(r"[^A-Za-z0-9_-]+")
+_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+_DESTINATION_HEAD = "bridge."
+
+
+# --------------------------------------------------------------------------- names
+
+
+@dataclass(frozen=True)
+class BridgeNames:
+    """Every name one bridge uses; the same for ``bridge declare`` and ``bridge run``."""
+
+    exchange: str
+    """``NAME``: where publishers send, with ``x-delay``."""
+    delivery_exchange: str
+    """``DNAME``: where the messages come out when due; consumers bind their queues here."""
+    destination: str
+    """The rmqdelay destination the messages wait for (stage 2 consumes its work queue)."""
+    inbox: str
+    """The quorum queue every message sent to ``NAME`` reaches, whatever its routing key;
+    for a direct ``NAME``, also the fanout exchange its alternate-exchange policy names
+    and the policy itself."""
+
+    @property
+    def policy(self) -> str:
+        return self.inbox
+
+
+def _check_exchange(what: str, name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"{what} must be a non-empty exchange name, got {name!r}")
+    if len(name.encode()) > 255:
+        raise ConfigurationError(f"{what} {name[:40]!r}... is over AMQP's 255 bytes")
+    if name.startswith("amq."):
+        raise ConfigurationError(f"{what} {name!r}: names starting with 'amq.' are RabbitMQ's")
+    return name
+
+
+def default_destination(layout: Layout, exchange: str) -> str:
+    """``bridge.NAME``; a ``NAME`` with characters a destination cannot hold (or too long)
+    is cleaned, with a hash of the name so that two exchanges never share one."""
+    whole = _DESTINATION_HEAD + exchange
+    if _WORD.fullmatch(exchange) and len(whole.encode()) <= layout.max_destination_length:
+        return whole
+    digest = hashlib.sha256(exchange.encode()).hexdigest()[:10]
+    words = [w for w in _NOT_WORD.sub("-", exchange).split("-") if w] or ["x"]
+    room = layout.max_destination_length - len(_DESTINATION_HEAD) - len(digest) - 1
+    stem = "-".join(words)[: max(room, 1)].strip("-") or "x"
+    return f"{_DESTINATION_HEAD}{stem}-{digest}"
+
+
+def bridge_names(
+    layout: Layout,
+    exchange: str,
+    *,
+    delivery_exchange: str | None = None,
+    destination: str | None = None,
+) -> BridgeNames:
+    """Check the names and derive the defaults: ``DNAME = NAME.delayed``, the destination
+    ``bridge.NAME``, the inbox ``{prefix}.{destination}.inbox``."""
+    from .routing import validate_destination
+
+    _check_exchange("--exchange", exchange)
+    delivery = delivery_exchange if delivery_exchange is not None else exchange + DELIVERY_SUFFIX
+    _check_exchange("--delivery-exchange", delivery)
+    if delivery == exchange:
+        raise ConfigurationError(
+            f"the delivery exchange must differ from the exchange publishers use ({exchange!r}):"
+            " a queue bound there would get every message at once"
+        )
+    if destination is None:
+        destination = default_destination(layout, exchange)
+    validate_destination(layout, destination)
+    inbox = f"{layout.prefix}.{destination}.inbox"
+    if len(inbox.encode()) > 255:
+        raise ConfigurationError(f"the inbox queue name {inbox[:60]!r}... is over 255 bytes")
+    return BridgeNames(exchange, delivery, destination, inbox)
+
+
+# --------------------------------------------------------------------------- topology
+
+
+@dataclass(frozen=True)
+class Policy:
+    """An ``alternate-exchange`` policy: a direct exchange cannot bind "every key", so its
+    unroutable messages (all of them, while no queue is bound to it) go to the inbox.
+
+    A policy, not an exchange argument: publishers that still declare ``NAME`` would fail
+    on an argument they do not give (``inequivalent arg 'alternate-exchange'``); a policy
+    is not part of that comparison.
+    """
+
+    name: str
+    pattern: str
+    definition: Mapping[str, Any]
+    apply_to: str = "exchanges"
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class BridgeTopology:
+    """What ``bridge declare`` creates besides the destination's own rmqdelay topology:
+    ``NAME`` and ``DNAME`` (durable, no arguments: as publishers and consumers declare
+    them), the inbox, what leads to it, and for a direct ``NAME`` its policy."""
+
+    exchange_type: ExchangeType
+    objects: Topology
+    policy: Policy | None = None
+
+
+def bridge_topology(layout: Layout, names: BridgeNames, exchange_type: str) -> BridgeTopology:
+    """What leads every message to the inbox: a binding that matches everything (topic
+    ``#``, fanout, headers with ``x-match: all`` and nothing to match), or for direct the
+    alternate-exchange policy and a fanout of the inbox's name."""
+    if exchange_type not in EXCHANGE_TYPES:
+        raise ConfigurationError(
+            f"bad exchange type {exchange_type!r}: use the x-delayed-type your publishers "
+            f"declared, one of {', '.join(EXCHANGE_TYPES)}"
+        )
+    kind: ExchangeType = exchange_type
+    arguments = queue_arguments(layout, layout.queue_type, layout.parking)
+    if layout.queue_type == "quorum":
+        # a message the bridge fails on, again and again, is parked by the broker
+        arguments["x-delivery-limit"] = layout.delivery_limit
+    exchanges = [Exchange(names.exchange, kind), Exchange(names.delivery_exchange, kind)]
+    queues = (Queue(names.inbox, "inbox", arguments),)
+    policy = None
+    if kind == "direct":
+        exchanges.append(Exchange(names.inbox, "fanout"))
+        binding = Binding(names.inbox, names.inbox, "queue", "")
+        pattern = "^" + re.escape(names.exchange) + "$"
+        policy = Policy(names.policy, pattern, {"alternate-exchange": names.inbox})
+    else:
+        key = "#" if kind == "topic" else ""
+        args = {"x-match": "all"} if kind == "headers" else {}
+        binding = Binding(names.exchange, names.inbox, "queue", key, args)
+    return BridgeTopology(kind, Topology(tuple(exchanges), queues, (binding,)), policy)
+
+
+def unwanted_bindings(
+    names: BridgeNames, bindings: list[Mapping[str, Any]]
+) -> list[tuple[str, str, str]]:
+    """Bindings from ``NAME`` to anything but the inbox, as the management API lists them:
+    (destination type, destination, routing key). Such a queue gets every message it
+    matches at once, undelayed; it should bind to ``DNAME`` instead."""
+    found = []
+    for b in bindings:
+        if b.get("source") != names.exchange:
+            continue
+        if b.get("destination") == names.inbox and b.get("destination_type") == "queue":
+            continue
+        found.append(
+            (str(b.get("destination_type")), str(b.get("destination")), str(b.get("routing_key")))
+        )
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------- x-delay
+
+
+@dataclass(frozen=True)
+class Inbound:
+    """What stage 1 does with a message: hold it ``delay_ms`` (0: now), or park it."""
+
+    delay_ms: int | None
+    reason: str = ""
+
+    @property
+    def parked(self) -> bool:
+        return self.delay_ms is None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_delay(headers: Mapping[str, Any] | None, max_delay_ms: int) -> Inbound:
+    """The delay an ``x-delay`` header asks for, the plugin's way where that was sane.
+
+    See the module docstring for what the plugin did and where the bridge differs.
+    """
+    if not headers or X_DELAY not in headers:
+        return Inbound(0)  # the plugin routed a message without x-delay at once
+    value = headers[X_DELAY]
+    ms: int | None = None
+    if isinstance(value, bool):
+        pass
+    elif isinstance(value, int):
+        ms = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            return Inbound(None, f"x-delay {value!r} is not a finite number of milliseconds")
+        ms = math.trunc(value)
+    elif isinstance(value, Decimal):
+        if not value.is_finite():
+            return Inbound(None, f"x-delay {value} is not a finite number of milliseconds")
+        ms = math.trunc(value)
+    elif isinstance(value, (str, bytes, bytearray)):
+        text = value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
+        if not _INTEGER.fullmatch(text):
+            return Inbound(
+                None,
+                f"x-delay {_shown(value)} is not a whole number of milliseconds "
+                "(the plugin refused such a message)",
+            )
+        ms = int(text)
+    if ms is None:
+        return Inbound(
+            None,
+            f"x-delay {_shown(value)} ({type(value).__name__}) is not a number of milliseconds",
+        )
+    if ms <= 0:
+        return Inbound(0)  # the plugin routed these at once, and so do we
+    if ms > max_delay_ms:
+        return Inbound(
+            None,
+            f"x-delay {ms} ms ({format_ms(ms)}) is over max_delay "
+            f"{format_ms(max_delay_ms)}: raise max_delay in the bridge's settings",
+        )
+    return Inbound(ms)
+
+
+# --------------------------------------------------------------------------- envelope
+
+
+def envelope(
+    exchange: str,
+    routing_key: str,
+    properties: Mapping[str, Any],
+    headers: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The envelope table: where the message came from and how it looked, ``x-delay``
+    left out. ``properties`` holds :data:`PROPERTY_NAMES`; absent (None) ones stay out."""
+    kept = {k: v for k, v in (headers or {}).items() if k != X_DELAY}
+    props = {k: properties[k] for k in PROPERTY_NAMES if properties.get(k) is not None}
+    return {
+        "v": _VERSION,
+        "exchange": exchange,
+        "routing-key": routing_key,
+        "properties": props,
+        "headers": kept,
+    }
+
+
+@dataclass(frozen=True)
+class Restored:
+    """The message as stage 2 publishes it to ``DNAME``."""
+
+    exchange: str
+    routing_key: str
+    properties: dict[str, Any] = field(default_factory=dict)
+    """Every property for :func:`rmqdelay.core.wire.encode_properties`, headers included."""
+
+    @property
+    def message_id(self) -> str:
+        return str(self.properties["message_id"])
+
+    @property
+    def user_id(self) -> str | None:
+        value = self.properties.get("user_id")
+        return None if value is None else str(value)
+
+
+def _text(value: object) -> str:
+    return bytes(value).decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def restore(headers: Mapping[str, Any] | None, message_id: str) -> Restored:
+    """The original message from a bridged copy's envelope; ValueError if it has none.
+
+    The copy always carries a message id: the original's, or the one stage 1 gave it
+    (which ``scheduled list`` and ``cancel`` show). aiormq matches a returned message to
+    its publish by that id, and an unroutable message must come back to be parked.
+    """
+    table = (headers or {}).get(ENVELOPE)
+    if not isinstance(table, Mapping):
+        raise ValueError(f"no {ENVELOPE} header: not a message the x-delay bridge scheduled")
+    version = table.get("v")
+    if version != _VERSION:
+        raise ValueError(f"{ENVELOPE} header of version {version!r}: this bridge reads {_VERSION}")
+    try:
+        exchange = _text(table["exchange"])
+        routing_key = _text(table["routing-key"])
+        props = table.get("properties") or {}
+        original = table.get("headers") or {}
+    except KeyError as exc:
+        raise ValueError(f"{ENVELOPE} header has no {exc.args[0]!r}") from None
+    if not isinstance(props, Mapping) or not isinstance(original, Mapping):
+        raise ValueError(f"{ENVELOPE} header: properties and headers must be tables")
+    properties: dict[str, Any] = {k: props[k] for k in PROPERTY_NAMES if props.get(k) is not None}
+    for name, value in properties.items():
+        if isinstance(value, (bytes, bytearray)) and name not in ("delivery_mode", "priority"):
+            properties[name] = _text(value)  # a client that sent short strings as bytes
+    stamp = properties.get("timestamp")
+    if (stamp is not None and not isinstance(stamp, (datetime, int))) or isinstance(stamp, bool):
+        raise ValueError(f"{ENVELOPE} header: timestamp {stamp!r} is not a time")
+    properties.setdefault("message_id", message_id)
+    properties["headers"] = dict(original) if original else None
+    return Restored(exchange, routing_key, properties)
