@@ -223,6 +223,27 @@ class ManagementApi:
             return None
         return f"{where} did not answer like RabbitMQ's management API"
 
+    def send(self, method: str, path: str, body: Any = None) -> None:
+        """PUT or DELETE ``/api/{path}`` with a JSON body: the x-delay bridge's policy, the
+        one write rmqdelay makes through the API. Raises urllib's HTTPError."""
+        if not self._checked and len(self._locations) > 1:
+            _ = self.problem  # choose the API first
+        headers = {"Authorization": f"Basic {self._auth}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(
+            f"{self.base}/api/{path}", data=data, method=method, headers=headers
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout, context=self._context):
+            pass
+
+    def path(self, kind: str, name: str = "") -> str:
+        """``kind/<vhost>/<name>``, each quoted, for :meth:`get` and :meth:`send`."""
+        vhost = quote(self.vhost, safe="")
+        return f"{kind}/{vhost}/{quote(name, safe='')}" if name else f"{kind}/{vhost}"
+
     def node_names(self) -> list[str]:
         """The cluster's nodes, or empty when this user may not list them (it needs the
         ``monitoring`` tag)."""

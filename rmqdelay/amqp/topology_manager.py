@@ -272,15 +272,21 @@ class TopologyManager:
 
     def apply(self, destinations: Iterable[str] = ()) -> Topology:
         """Declare every object and binding. Idempotent; never deletes."""
-        topology = self.topology(destinations)
+        return self.declare(self.topology(destinations))
+
+    def declare(self, topology: Topology) -> Topology:
+        """Declare ``topology``'s objects, then its bindings; stop at the first conflict
+        (see ``_declare``). :meth:`apply` with the prefix's topology; the x-delay bridge
+        with its own objects."""
         for obj in topology.objects:
             self._declare(obj)
         channel = self._chan()
         for b in topology.bindings:
+            arguments = dict(b.arguments) or None
             if b.destination_type == "queue":
-                channel.queue_bind(b.destination, b.source, b.routing_key)
+                channel.queue_bind(b.destination, b.source, b.routing_key, arguments)
             else:
-                channel.exchange_bind(b.destination, b.source, b.routing_key)
+                channel.exchange_bind(b.destination, b.source, b.routing_key, arguments)
         return topology
 
     def verify(self, destinations: Iterable[str] = ()) -> list[str]:

@@ -481,7 +481,7 @@ class BrokerAdmin:
         return [r["name"] for r in rows or []]
 
     def cleanup_prefix(self, prefix: str) -> dict[str, list[str]]:
-        """Delete the queues, exchanges and users named ``prefix`` or ``prefix.*``.
+        """Delete the queues, exchanges, policies and users named ``prefix`` or ``prefix.*``.
 
         Users are matched on ``prefix`` followed by anything.  Returns what was deleted.
         """
@@ -502,7 +502,13 @@ class BrokerAdmin:
         users = [u for u in self.users() if u.startswith(prefix)]
         for user in users:
             self.delete_user(user)
-        return {"queues": queues, "exchanges": exchanges, "users": users}
+        policies: list[str] = []
+        if self.uses_management_api:  # the x-delay bridge's, named like its inbox
+            rows = self._get(f"policies/{self._q(self.vhost)}") or []
+            policies = [p["name"] for p in rows if matches_prefix(p["name"], prefix)]
+            for name in policies:
+                self._send("DELETE", f"policies/{self._q(self.vhost)}/{self._q(name)}")
+        return {"queues": queues, "exchanges": exchanges, "users": users, "policies": policies}
 
 
 def _connection_name(props: Any) -> str | None:
