@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from . import parked, publish, schedule, status, topology, worker
+from . import bridge, parked, publish, schedule, status, topology, worker
 from .options import Group
 
 __all__ = ["app", "main"]
@@ -74,6 +74,7 @@ for _command in (
     schedule.scheduled_app,
     schedule.cancel_command,
     status.status,
+    bridge.app,
 ):
     app.add_command(_command)
 

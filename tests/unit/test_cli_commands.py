@@ -77,13 +77,45 @@ COMMAND_LINE: dict[str, list[str]] = {
         "--stuck-after",
         *SHARED,
     ],
+    "bridge": [],
+    "bridge declare": [
+        "-e/--exchange",
+        "--type",
+        "--delivery-exchange",
+        "--destination",
+        *SHARED,
+        "--management-url",
+    ],
+    "bridge run": [
+        "-e/--exchange",
+        "--delivery-exchange",
+        "--destination",
+        "-c/--concurrency",
+        "--inbox-prefetch",
+        "--log-level",
+        "--log-format",
+        "--shutdown-timeout",
+        "--metrics-port",
+        *SHARED,
+    ],
 }
 # the commands of each group, in the order the help lists them
 GROUPS = {
-    "": ["topology", "publish", "consume", "worker", "parked", "scheduled", "cancel", "status"],
+    "": [
+        "topology",
+        "publish",
+        "consume",
+        "worker",
+        "parked",
+        "scheduled",
+        "cancel",
+        "status",
+        "bridge",
+    ],
     "topology": ["plan", "apply", "verify", "destroy"],
     "parked": ["list", "replay", "purge"],
     "scheduled": ["list"],
+    "bridge": ["declare", "run"],
 }
 
 

@@ -1,0 +1,366 @@
+"""The x-delay bridge against a real broker: publishers written for the delayed-message
+plugin (pika, exactly as the plugin's README publishes: a header ``x-delay`` in ms, to
+the exchange), consumers bound to the delivery exchange.
+
+The tests share the module's delay topology; each declares a bridge of its own
+(exchanges named after the test) and runs it in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from decimal import Decimal
+from typing import Any
+
+import pika
+import pytest
+
+from rmqdelay import ParkedQueue, Publisher, Settings
+from rmqdelay.amqp.bridge import BridgeDeclared, declare_bridge
+from rmqdelay.core.bridge import BridgeNames, bridge_names
+from rmqdelay.core.parking import ParkedMessage
+from rmqdelay.errors import TopologyError
+from rmqdelay.worker.bridge import Bridge
+from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.cli import run_cli, settings_env
+from tests.helpers.worker_helpers import TestTopology, wait_until
+
+Received = tuple[float, str, Any, bytes]
+"""(time.time() on arrival, routing key, pika properties, body)."""
+
+
+@dataclass
+class BridgeCase:
+    """One test's bridge: ``NAME`` is ``{prefix}.ex``, on the module's topology."""
+
+    settings: Settings
+    names: BridgeNames
+    prefix: str
+    url: str
+    queues: list[str] = field(default_factory=list)
+    _connection: pika.BlockingConnection | None = None
+    _channel: Any = None
+
+    @property
+    def channel(self) -> Any:
+        if self._connection is None or not self._connection.is_open:
+            self._connection = pika.BlockingConnection(pika.URLParameters(self.url))
+            channel = self._connection.channel()
+            channel.confirm_delivery()
+            self._channel = channel
+        return self._channel
+
+    def close(self) -> None:
+        if self._connection is not None and self._connection.is_open:
+            self._connection.close()
+
+    def declare(self, kind: str) -> BridgeDeclared:
+        return declare_bridge(self.settings, self.names, kind)
+
+    def bind(self, key: str = "", arguments: dict[str, Any] | None = None) -> str:
+        """A consumer's queue bound to ``DNAME``, as a plugin user's consumer would be."""
+        queue = f"{self.prefix}.q{len(self.queues)}"
+        self.channel.queue_declare(queue, durable=True)
+        self.channel.queue_bind(queue, self.names.delivery_exchange, key, arguments)
+        self.queues.append(queue)
+        return queue
+
+    def publish(
+        self,
+        key: str,
+        body: bytes,
+        x_delay: object = None,
+        headers: dict[str, Any] | None = None,
+        **properties: Any,
+    ) -> float:
+        """Publish as the plugin's README does; the time just before, for lateness."""
+        sent = dict(headers or {})
+        if x_delay is not None:
+            sent["x-delay"] = x_delay
+        props = pika.BasicProperties(headers=sent or None, **properties)
+        at = time.time()
+        self.channel.basic_publish(self.names.exchange, key, body, props, mandatory=True)
+        return at
+
+    def get(self, queue: str) -> Received | None:
+        method, props, body = self.channel.basic_get(queue, auto_ack=True)
+        if method is None:
+            return None
+        return (time.time(), method.routing_key, props, body)
+
+    async def collect(self, queue: str, count: int, timeout: float) -> list[Received]:
+        """The first ``count`` messages of ``queue``, polled until ``timeout``."""
+        found: list[Received] = []
+
+        def more() -> bool:
+            while len(found) < count and (got := self.get(queue)) is not None:
+                found.append(got)
+            return len(found) >= count
+
+        await wait_until(more, timeout, lambda: f"{count} messages in {queue} (got {len(found)})")
+        return found
+
+    def ready(self, queue: str) -> int:
+        return int(self.channel.queue_declare(queue, passive=True).method.message_count)
+
+    @asynccontextmanager
+    async def running(self, **options: Any) -> AsyncIterator[Bridge]:
+        bridge = Bridge(self.settings, self.names.exchange)
+        async with bridge.running(**options):
+            yield bridge
+
+
+@pytest.fixture
+def case(shared_topology: TestTopology, amqp_url: str) -> Iterator[BridgeCase]:
+    settings = shared_topology.settings([])
+    names = bridge_names(settings.layout, f"{shared_topology.prefix}.ex")
+    found = BridgeCase(settings, names, shared_topology.prefix, str(amqp_url))
+    yield found
+    found.close()
+
+
+async def parked(settings: Settings, destination: str) -> list[ParkedMessage]:
+    async with ParkedQueue(settings) as queue:
+        _total, found = await queue.list(destination=destination)
+    return found
+
+
+async def wait_parked(
+    settings: Settings, destination: str, count: int, timeout: float = 30
+) -> list[ParkedMessage]:
+    """Poll the parking queue until ``count`` messages of ``destination`` are there."""
+    deadline = time.monotonic() + timeout
+    while len(found := await parked(settings, destination)) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{len(found)} of {count} messages parked after {timeout}s")
+        await asyncio.sleep(0.2)
+    return found
+
+
+def assert_on_time(sent_at: float, delay_ms: int, arrived: float, late_ms: float = 3000) -> None:
+    """Never early; late only by a generous bound (timing targets live in bench/)."""
+    due = sent_at + delay_ms / 1000
+    assert arrived >= due - 0.002, f"early by {(due - arrived) * 1000:.0f} ms"
+    assert arrived - due < late_ms / 1000, f"late by {(arrived - due) * 1000:.0f} ms"
+
+
+# ---------------------------------------------------------------- routing by type
+
+
+async def test_topic_routes_by_key_after_the_delay_with_everything_it_came_with(
+    case: BridgeCase,
+) -> None:
+    case.declare("topic")
+    eu, us = case.bind("eu.#"), case.bind("us.*")
+    stamp = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    headers = {
+        "tenant": "acme",
+        "n": -3,
+        "big": 2**40,
+        "flag": True,
+        "nothing": None,
+        "raw": b"\x00\xff",
+        "price": Decimal("12.50"),
+        "when": stamp,
+        "nested": {"k": [1, "two", {"deep": False}]},
+    }
+    full = {
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "delivery_mode": 1,
+        "priority": 4,
+        "correlation_id": "corr-1",
+        "reply_to": "replies",
+        "expiration": "600000",
+        "message_id": f"{case.prefix}-eu",
+        "timestamp": 1_900_000_000,
+        "type": "order.created",
+        "user_id": "guest",
+        "app_id": "shop",
+        "cluster_id": "c1",
+    }
+    async with case.running():
+        sent = case.publish("eu.order.new", b'{"id": 1}', 1500, headers, **full)
+        case.publish("us.order", b"us", 700, message_id=f"{case.prefix}-us")
+        [(_at_us, key_us, props_us, body_us)] = await case.collect(us, 1, 30)
+        [(at, key, props, body)] = await case.collect(eu, 1, 30)
+    assert (key_us, body_us, props_us.message_id) == ("us.order", b"us", f"{case.prefix}-us")
+    assert (key, body) == ("eu.order.new", b'{"id": 1}')
+    assert_on_time(sent, 1500, at)
+    for name, value in full.items():
+        assert getattr(props, name) == value, name
+    assert props.headers == headers  # Decimal("12.50") == Decimal("12.5"): the same value
+    assert "x-delay" not in props.headers
+    assert case.ready(eu) == 0 and case.ready(us) == 0  # each once, and only where it matched
+
+
+async def test_direct_routes_by_key_through_its_alternate_exchange_policy(
+    case: BridgeCase, admin: BrokerAdmin
+) -> None:
+    declared = case.declare("direct")
+    assert any("policy" in note for note in declared.notes)
+    exchange = admin._get(f"exchanges/%2F/{case.names.exchange}")
+    assert exchange["policy"] == case.names.policy and exchange["type"] == "direct"
+    a, b = case.bind("a"), case.bind("b")
+    async with case.running():
+        sent = case.publish("a", b"for a", 800)
+        case.publish("b", b"for b", 400)
+        case.publish("nobody", b"lost?", 200, message_id=f"{case.prefix}-nobody")
+        [(at, key, _props, body)] = await case.collect(a, 1, 30)
+        await case.collect(b, 1, 30)
+        [lost] = await wait_parked(case.settings, case.names.destination, 1)
+    assert (key, body) == ("a", b"for a")
+    assert_on_time(sent, 800, at)
+    assert lost.message_id == f"{case.prefix}-nobody"
+    assert "unroutable" in lost.reason and repr(case.names.delivery_exchange) in lost.reason
+    assert "'nobody'" in lost.reason
+
+
+async def test_fanout_and_headers_route_as_their_types_do(case: BridgeCase) -> None:
+    case.declare("fanout")
+    one, two = case.bind(), case.bind()
+    headers_case = BridgeCase(
+        case.settings,
+        bridge_names(case.settings.layout, f"{case.prefix}.hx"),
+        case.prefix + ".h",
+        case.url,
+    )
+    try:
+        headers_case.declare("headers")
+        red = headers_case.bind("", {"x-match": "any", "colour": "red"})
+        async with case.running(), headers_case.running():
+            case.publish("ignored", b"to all", 300)
+            headers_case.publish("", b"red", 300, {"colour": "red"})
+            headers_case.publish("", b"blue", 300, {"colour": "blue"})
+            for queue in (one, two):
+                [(_at, _key, _props, body)] = await case.collect(queue, 1, 30)
+                assert body == b"to all"
+            [(_at, _key, props, body)] = await headers_case.collect(red, 1, 30)
+            assert body == b"red" and props.headers == {"colour": "red"}
+            [blue] = await wait_parked(case.settings, headers_case.names.destination, 1)
+            assert "unroutable" in blue.reason
+        assert headers_case.ready(red) == 0
+    finally:
+        headers_case.close()
+
+
+# ---------------------------------------------------------------- x-delay values
+
+
+async def test_x_delay_values_are_read_as_the_plugin_read_them_or_parked(
+    case: BridgeCase,
+) -> None:
+    case.declare("topic")
+    queue = case.bind("#")
+    cases: dict[str, object] = {
+        "none": None,  # no header: at once
+        "negative": -5000,  # at once
+        "zero": 0,
+        "decimal": Decimal("600.9"),  # truncated, as the plugin truncated floats: 600 ms
+        "string": "700",
+    }
+    bad: dict[str, object] = {
+        "word": "abc",
+        "bool": True,
+        "table": {"ms": 5},
+        "huge": 400 * 24 * 3600 * 1000,  # over the module's max_delay of 1h
+    }
+    async with case.running():
+        sent = {k: case.publish(k, k.encode(), v, message_id=k) for k, v in cases.items()}
+        for k, v in bad.items():
+            case.publish(k, k.encode(), v, message_id=f"{case.prefix}-{k}")
+        arrived = {key: at for at, key, _p, _b in await case.collect(queue, len(cases), 30)}
+        found = await wait_parked(case.settings, case.names.destination, len(bad))
+    for key in ("none", "negative", "zero"):
+        assert arrived[key] - sent[key] < 3, key
+    assert_on_time(sent["decimal"], 600, arrived["decimal"])
+    assert_on_time(sent["string"], 700, arrived["string"])
+    reasons = {p.message_id: p.reason for p in found}
+    assert set(reasons) == {f"{case.prefix}-{k}" for k in bad}
+    assert "'abc' is not a whole number" in reasons[f"{case.prefix}-word"]
+    assert "(bool) is not a number" in reasons[f"{case.prefix}-bool"]
+    assert "(dict) is not a number" in reasons[f"{case.prefix}-table"]
+    assert "over max_delay 1h" in reasons[f"{case.prefix}-huge"]
+    assert case.ready(queue) == 0
+
+
+async def test_a_parked_message_is_delivered_by_replay_once_a_queue_is_bound(
+    case: BridgeCase,
+) -> None:
+    case.declare("direct")
+    async with case.running():
+        case.publish("late-binder", b"wait for me", 100, message_id=f"{case.prefix}-lb")
+        await wait_parked(case.settings, case.names.destination, 1)
+        queue = case.bind("late-binder")
+        replay = ["parked", "replay", "-d", case.names.destination]
+        result = await asyncio.to_thread(run_cli, settings_env(case.settings), *replay)
+        assert result.returncode == 0, result.stderr
+        [(_at, key, props, body)] = await case.collect(queue, 1, 30)
+    assert (key, body, props.message_id) == ("late-binder", b"wait for me", f"{case.prefix}-lb")
+    assert not await parked(case.settings, case.names.destination)
+
+
+# ---------------------------------------------------------------- journal
+
+
+async def test_scheduled_list_and_cancel_work_for_bridged_messages(case: BridgeCase) -> None:
+    case.declare("topic")
+    queue = case.bind("#")
+    keep, drop = f"{case.prefix}-keep", f"{case.prefix}-drop"
+    async with case.running():
+        sent = case.publish("k", b"keep", 2500, message_id=keep)
+        case.publish("k", b"drop", 2500, message_id=drop)
+        with Publisher(case.settings) as publisher:
+
+            def listed() -> set[str]:
+                found = publisher.list_scheduled(destination=case.names.destination)
+                return {r.message_id for r in found}
+
+            await wait_until(lambda: {keep, drop} <= listed(), 20, "both in scheduled list")
+            [result] = publisher.cancel(drop)
+        assert result.outcome == "cancelled"
+        [(at, _key, props, body)] = await case.collect(queue, 1, 30)
+        assert (props.message_id, body) == (keep, b"keep")
+        assert_on_time(sent, 2500, at)
+        await asyncio.sleep(1.0)  # the cancelled copy was due with the kept one
+    assert case.ready(queue) == 0
+
+
+# ---------------------------------------------------------------- declare
+
+
+def test_declare_is_idempotent_and_warns_about_queues_still_bound_to_the_exchange(
+    case: BridgeCase,
+) -> None:
+    case.declare("topic")
+    stray = f"{case.prefix}.stray"
+    case.channel.queue_declare(stray, durable=True)
+    case.channel.queue_bind(stray, case.names.exchange, "orders.#")
+    again = case.declare("topic")
+    [warning] = again.warnings
+    assert repr(stray) in warning and "'orders.#'" in warning
+    assert repr(case.names.delivery_exchange) in warning and "at once" in warning
+    declare = ["bridge", "declare", "--exchange", case.names.exchange, "--type", "topic"]
+    result = run_cli(settings_env(case.settings), *declare)
+    assert result.returncode == 0, result.stderr
+    assert repr(case.names.delivery_exchange) in result.stdout
+    assert f"warning: queue {stray!r}" in result.stderr
+
+
+def test_declare_refuses_another_type_naming_the_fix(case: BridgeCase) -> None:
+    case.declare("topic")
+    with pytest.raises(TopologyError, match=r"exists with type=.*topic.*give --type its type"):
+        case.declare("direct")
+
+
+def test_declare_refuses_to_replace_another_policy(case: BridgeCase, admin: BrokerAdmin) -> None:
+    pattern = "^" + case.names.exchange.replace(".", r"\.") + "$"
+    name = f"{case.prefix}.theirs"
+    theirs = admin.policy(name, pattern, {"alternate-exchange": "elsewhere"}, apply_to="exchanges")
+    with theirs, pytest.raises(TopologyError, match=f"has the policy '{name}'"):
+        case.declare("direct")
