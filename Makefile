@@ -17,6 +17,8 @@
 #                 3.10 on :5701-5703)
 #   make cluster-test  kill -9, rolling-restart and partition tests on a local 3-node cluster
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
+#   make interop-deps  the Node publisher's locked npm packages (tests/interop/node), which
+#                 the x-delay bridge's interop test also installs on first use
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make bench-compare  publish and worker figures of this tree against BENCH_BASE (a git
 #                 revision, default main), side by side in one run (BENCH_COMPARE_ARGS)
@@ -60,7 +62,7 @@ WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
 	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
 	unset out url mgmt;
 
-.PHONY: venv broker lint test unit test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist clean distclean
+.PHONY: venv broker lint test unit test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist interop-deps clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -207,6 +209,11 @@ dist: venv
 	rm -rf dist build
 	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
 	@ls dist/*.whl
+
+# The x-delay bridge's Node publisher (amqplib, as package-lock.json pins it); needs node
+# and npm. tests/broker/test_bridge_interop.py runs the same `npm ci` when they are missing.
+interop-deps:
+	cd tests/interop/node && npm ci --no-audit --no-fund
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
