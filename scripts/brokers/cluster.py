@@ -206,10 +206,18 @@ def running_nodes(index: int = 0) -> int:
     return int(out.strip() or 0)
 
 
+_PARTITIONS = (
+    "code:ensure_loaded(rabbit_node_monitor), "
+    "case erlang:function_exported(rabbit_node_monitor, partitions, 0) of "
+    "true -> length(rabbit_node_monitor:partitions()); false -> 0 end."
+)
+
+
 def _partitions_on_record(index: int) -> int:
-    """How many nodes node *index* holds a partition from (``rabbit_node_monitor``)."""
-    out = _ctl(nodes()[index], "eval", "length(rabbit_node_monitor:partitions()).", timeout=60)
-    return int(out.strip() or 0)
+    """How many nodes node *index* holds a partition from (``rabbit_node_monitor``). 4.3
+    keeps none: with Mnesia gone, so are its partition records and handling modes (its
+    rabbit_node_monitor has no ``partitions/0``); 0 then."""
+    return int(_ctl(nodes()[index], "eval", _PARTITIONS, timeout=60).strip() or 0)
 
 
 def _up(node: DebianNode) -> bool:
@@ -327,25 +335,32 @@ def partition(index: int) -> None:
 
 
 def heal(index: int | None = None) -> None:
-    """Undo :func:`partition` (safe to call when there is none). With the default
-    ``cluster_partition_handling = ignore`` the nodes keep the partition on record once the
-    network is back (``/api/nodes`` lists it, and node *index* counts as not running): as
-    RabbitMQ's documentation prescribes, node *index*'s app is then restarted, and this
-    returns once the cluster is whole again."""
+    """Undo :func:`partition` (safe to call when there is none) and return once the
+    cluster is whole again. Before 4.3, with the default ``cluster_partition_handling =
+    ignore``, the nodes keep the partition on record once the network is back
+    (``/api/nodes`` lists it, and node *index* counts as not running): as RabbitMQ's
+    documentation prescribes, node *index*'s app is then restarted. 4.3 keeps no such
+    record: its nodes find each other again on their own."""
     _partition.heal()
     if index is None:
         return
     node = nodes()[index]
     names = current().names
-    if not _partitions_on_record(0) and not _partitions_on_record(index):
-        return
-    log(f"{node.node_name} still partitioned on record: restarting its app")
-    _ctl(node, "stop_app")
-    _ctl(node, "start_app")
-    if not wait_for(
-        lambda: running_nodes(0) == len(names) and not _partitions_on_record(0), 120, 1.0
-    ):
-        raise BrokerUnavailable(f"{node.node_name} restarted but the cluster is not whole")
+    if _partitions_on_record(0) or _partitions_on_record(index):
+        log(f"{node.node_name} still partitioned on record: restarting its app")
+        _ctl(node, "stop_app")
+        _ctl(node, "start_app")
+
+    def whole() -> bool:
+        return (
+            running_nodes(0) == len(names) == running_nodes(index)
+            and not _partitions_on_record(0)
+        )
+
+    started = time.monotonic()
+    if not wait_for(whole, 120, 1.0):
+        raise BrokerUnavailable(f"{node.node_name} is back but the cluster is not whole")
+    log(f"cluster whole again {time.monotonic() - started:.1f}s after the heal")
 
 
 def stop_one(index: int) -> None:

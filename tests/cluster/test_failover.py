@@ -352,15 +352,17 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
                     break
             time.sleep(0.5)
     finally:
-        if not healed:
-            cluster.heal(cut)
-        stop_traffic.set()
-        done.set()
-        for t in threads:
-            t.join(60)
-        publisher_log.removeHandler(watcher)
-        with TopologyManager(_settings(cluster.urls, prefix)) as manager:
-            manager.destroy([DEST], force=True)
+        try:
+            if not healed:
+                cluster.heal(cut)
+        finally:  # a heal that fails must not leave the clients' threads running for ever
+            stop_traffic.set()
+            done.set()
+            for t in threads:
+                t.join(60)
+            publisher_log.removeHandler(watcher)
+            with TopologyManager(_settings(cluster.urls, prefix)) as manager:
+                manager.destroy([DEST], force=True)
     lost = confirmed.keys() - seen.at_ms.keys()
     duplicates = sum(len(v) - 1 for v in seen.at_ms.values())
     left_after = next((f"{at - cut_at:.1f}s" for at in watcher.at if at >= cut_at), "never")

@@ -24,6 +24,7 @@ from brokers import cluster as local_nodes
 from brokers.probe import amqp_ok
 
 from rmqdelay.amqp.management import ManagementApi
+from tests.helpers.brokerctl import delete_prefixed
 
 URLS_ENV = "RMQDELAY_CLUSTER_URLS"
 MANAGEMENT_ENV = "RMQDELAY_CLUSTER_MANAGEMENT_URLS"
@@ -126,7 +127,22 @@ def cluster() -> Cluster:
         if os.environ.get("CI"):
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+    _remove_leftovers(found)
     return found
+
+
+def _remove_leftovers(found: Cluster) -> None:
+    """Queues and exchanges of tests (``t-...``) that an interrupted run left on the local
+    cluster: their leaders would weigh on where ``balanced`` puts new ones."""
+    if found.urls != local_nodes.urls():
+        return  # a cluster not ours: leave it alone
+    removed = {}
+    for kind in ("queue", "exchange"):
+        rows = found.api(f"{kind}s?columns=name")
+        names = [str(row["name"]) for row in rows if str(row["name"]).startswith("t-")]
+        removed[kind] = delete_prefixed(found.urls[0], names, kind=kind) if names else 0
+    if any(removed.values()):
+        print(f"\nremoved what an earlier run left: {removed}")
 
 
 @pytest.fixture(scope="session")
