@@ -260,14 +260,16 @@ class JournalTail:
         on_record: Callable[[JournalRecord], None],
         *,
         since_ms: int | None = None,
+        wants: Callable[[bytes], bool] | None = None,
     ) -> None:
+        """``wants``: which lines to decode and hand on (see ``Tombstones.wants``)."""
         self.name = flows.require_journal(layout, "following the schedule")
         self.connection = connection
         self.layout = layout
         self.since_ms = now_ms() - layout.max_delay_ms if since_ms is None else since_ms
         self.caught_up = asyncio.Event()
         self._marker = flows.new_marker(now_ms())
-        self._reader = UntilMarker(self._marker.message_id, on_record)
+        self._reader = UntilMarker(self._marker.message_id, on_record, wants=wants)
         self._stream = _Stream(self._take)
 
     @property

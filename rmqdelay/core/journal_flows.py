@@ -23,7 +23,7 @@ from .journal import (
     CancelResult,
     JournalRecord,
     ScheduleView,
-    decode_records,
+    decode_record,
     encode_records,
     journal_name,
     plan_cancels,
@@ -74,16 +74,27 @@ class UntilMarker:
         marker_id: str,
         on_record: Callable[[JournalRecord], None],
         progress: Callable[[int], None] | None = None,
+        wants: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.marker_id = marker_id
         self.on_record = on_record
         self.progress = progress
+        self.wants = wants
+        """Lines it returns False for are counted, not decoded (see ``Tombstones.wants``)."""
         self.count = 0
         self.reached = False
 
     def __call__(self, body: bytes) -> bool:
         found = False
-        for record in decode_records(body):
+        lines = body.split(b"\n")
+        if self.wants is not None:
+            kept = [line for line in lines if self.wants(line)]
+            self.count += len(lines) - len(kept)
+            lines = kept
+        for line in lines:
+            record = decode_record(line)
+            if record is None:
+                continue
             if record.kind == "marker":
                 found = found or record.message_id == self.marker_id
                 continue

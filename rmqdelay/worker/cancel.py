@@ -39,7 +39,9 @@ class CancelFilter(WorkerHook):
         self._expired_at_ms = 0
 
     async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
-        tail = JournalTail(connection, self.layout, self.tombstones.add)
+        tail = JournalTail(
+            connection, self.layout, self.tombstones.add, wants=self.tombstones.wants
+        )
         self._tail = tail
         try:
             await tail.start()

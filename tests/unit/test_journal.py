@@ -161,6 +161,25 @@ def test_a_worker_skips_exactly_the_copies_the_list_leaves_out_as_cancelled(
             assert view.is_cancelled(message_id, due) == (not listed)
 
 
+@given(histories)
+def test_a_worker_that_decodes_only_the_lines_it_wants_holds_the_same_tombstones(
+    history: list[JournalRecord],
+) -> None:
+    """``Tombstones.wants`` lets a worker pass over ``scheduled`` records undecoded: it
+    must keep every line that could change what is held, whatever came before."""
+    everything, wanted = Tombstones(), Tombstones()
+    for record in history:
+        everything.add(record)
+        line = encode_record(record)
+        if wanted.wants(line):
+            decoded = decode_record(line)
+            assert decoded is not None
+            wanted.add(decoded)
+    assert wanted.due_ms == everything.due_ms
+    assert not Tombstones().wants(encode_record(JournalRecord("scheduled", "x", "d", 1)))
+    assert Tombstones().wants(encode_record(JournalRecord("cancelled", "x", "d", 1)))
+
+
 @given(histories, st.lists(few_ids, min_size=1, max_size=3), nows)
 def test_a_cancel_stops_every_copy_ahead_and_answers_by_the_last_one(
     history: list[JournalRecord], ids: list[str], now: int
