@@ -24,7 +24,7 @@ from ..core.publisher_core import PublisherCore
 from ..core.wire import encode_publish
 from . import pika_private
 
-__all__ = ["LOST", "ConfirmChannel", "open_confirm_channel", "pika_properties"]
+__all__ = ["LOST", "ConfirmChannel", "open_confirm_channel", "pika_encoded", "pika_properties"]
 
 LOST = (pika.exceptions.AMQPError, OSError)
 """What pika raises when the connection or channel goes away (TimeoutError included)."""
@@ -45,6 +45,12 @@ class _Encoded(pika.BasicProperties):
 def pika_properties(prepared: Prepared) -> pika.BasicProperties:
     """The converter to pika: the same bytes the async publisher sends."""
     return _Encoded(prepared.encoded_properties, prepared.message_id)
+
+
+def pika_encoded(encoded: bytes, message_id: str) -> pika.BasicProperties:
+    """Properties rmqdelay encoded (:func:`~rmqdelay.core.wire.encode_properties`), for
+    pika's ``basic_publish``: the x-delay bridge's parked copies."""
+    return _Encoded(encoded, message_id)
 
 
 class ConfirmChannel(Protocol):

@@ -5,8 +5,9 @@ Users of the delayed-message-exchange plugin publish to an exchange ``NAME`` wit
 queue, sends it through rmqdelay's tiers to a destination of its own (stage 1), and when
 it falls due publishes it to the delivery exchange ``DNAME`` with the routing key, body,
 headers and properties it came with (stage 2). The original routing key, properties and
-headers travel in one header table, the *envelope*, so that stage 2 can restore them
-exactly, whatever rmqdelay and the broker add on the way (attempt, due time, ``x-death``).
+headers travel in an *envelope* in front of the body (:func:`wrap`), so that stage 2 can
+send them exactly, whatever rmqdelay and the broker add on the way (attempt, due time,
+``x-death``).
 
 What the plugin did with an ``x-delay`` (``rabbit_delayed_message_utils:get_delay``):
 integers are the delay; a float is truncated; a string is read as an integer; a delay
@@ -26,42 +27,47 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidMessageError
+from .clock import timedelta_of_ms
 from .durations import format_ms
 from .layout import Layout
+from .templates import new_message_id
 from .topology import Binding, Exchange, Queue, Topology, queue_arguments
+from .wire import encode_properties
 
 __all__ = [
+    "CONTENT_TYPE",
     "DELIVERY_SUFFIX",
-    "ENVELOPE",
     "EXCHANGE_TYPES",
     "PLUGIN_MAX_DELAY_MS",
     "PROPERTY_NAMES",
     "X_DELAY",
     "BridgeNames",
     "BridgeTopology",
+    "Carried",
     "ExchangeType",
     "Inbound",
     "Policy",
     "Restored",
     "bridge_names",
     "bridge_topology",
-    "envelope",
+    "carry",
     "read_delay",
-    "restore",
     "unwanted_bindings",
+    "unwrap",
+    "wrap",
 ]
 
 ExchangeType = Literal["direct", "topic", "fanout", "headers"]
 EXCHANGE_TYPES: tuple[ExchangeType, ...] = ("direct", "topic", "fanout", "headers")
 X_DELAY = "x-delay"
-ENVELOPE = "rmqdelay-bridge"
-"""The header that carries the original exchange, routing key, properties and headers."""
+CONTENT_TYPE = "application/x-rmqdelay-bridge"
+"""A bridged copy's: its body is the envelope, then the original body (:func:`wrap`)."""
+_MAGIC = b"rmqdb\x01"
 DELIVERY_SUFFIX = ".delayed"
 """``DNAME`` is ``NAME`` + this unless given: where consumers' queues bind."""
 PLUGIN_MAX_DELAY_MS = 2**32 - 1
@@ -313,23 +319,55 @@ def read_delay(headers: Mapping[str, Any] | None, max_delay_ms: int) -> Inbound:
 # --------------------------------------------------------------------------- envelope
 
 
-def envelope(
+def _short(field: str, text: str) -> bytes:
+    data = text.encode()
+    if len(data) > 255:
+        raise InvalidMessageError(field, f"is {len(data)} bytes, over AMQP's 255")
+    return bytes((len(data),)) + data
+
+
+def wrap(
     exchange: str,
     routing_key: str,
     properties: Mapping[str, Any],
-    headers: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    """The envelope table: where the message came from and how it looked, ``x-delay``
-    left out. ``properties`` holds :data:`PROPERTY_NAMES`; absent (None) ones stay out."""
-    kept = {k: v for k, v in (headers or {}).items() if k != X_DELAY}
-    props = {k: properties[k] for k in PROPERTY_NAMES if properties.get(k) is not None}
-    return {
-        "v": _VERSION,
-        "exchange": exchange,
-        "routing-key": routing_key,
-        "properties": props,
-        "headers": kept,
+    message_id: str,
+    body: bytes,
+) -> bytes:
+    """The body of a bridged copy: the envelope, then the original body.
+
+    The envelope holds where the message came from and its properties as stage 2 will
+    send them, encoded once here (:func:`rmqdelay.core.wire.encode_properties`): those of
+    :data:`PROPERTY_NAMES` it came with, its ``headers`` but ``x-delay``, and
+    ``message_id`` (its own, or the one the bridge gave it)::
+
+        b"rmqdb" 0x01 | exchange | routing key | user id ("" for none)  (each: length
+        octet, UTF-8) | properties (32-bit length, bytes) | the original body
+
+    In the body, not in headers: the copy's headers are then the usual message's, which
+    both rmqdelay's publisher and its journal encode fastest; a table of tables in the
+    headers cost the bridge half of its time per message. Raises InvalidMessageError for
+    a value AMQP cannot carry (none that a broker delivered).
+    """
+    headers = properties.get("headers") or {}
+    kept = {k: v for k, v in headers.items() if k != X_DELAY}
+    props: dict[str, Any] = {
+        k: properties[k] for k in PROPERTY_NAMES if properties.get(k) is not None
     }
+    props["message_id"] = message_id
+    props["headers"] = kept or None
+    encoded = encode_properties(props)
+    user = props.get("user_id")
+    return b"".join(
+        (
+            _MAGIC,
+            _short("exchange", exchange),
+            _short("routing key", routing_key),
+            _short("user_id", "" if user is None else str(user)),
+            len(encoded).to_bytes(4, "big"),
+            encoded,
+            body,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -338,52 +376,81 @@ class Restored:
 
     exchange: str
     routing_key: str
-    properties: dict[str, Any] = field(default_factory=dict)
-    """Every property for :func:`rmqdelay.core.wire.encode_properties`, headers included."""
-
-    @property
-    def message_id(self) -> str:
-        return str(self.properties["message_id"])
-
-    @property
-    def user_id(self) -> str | None:
-        value = self.properties.get("user_id")
-        return None if value is None else str(value)
+    properties: bytes
+    """The content header's property list, as :func:`wrap` encoded it."""
+    message_id: str
+    user_id: str | None
+    body: bytes
 
 
-def _text(value: object) -> str:
-    return bytes(value).decode() if isinstance(value, (bytes, bytearray)) else str(value)
+def unwrap(data: bytes, message_id: str) -> Restored:
+    """The original message from a bridged copy's body; ValueError if it is none.
 
-
-def restore(headers: Mapping[str, Any] | None, message_id: str) -> Restored:
-    """The original message from a bridged copy's envelope; ValueError if it has none.
-
-    The copy always carries a message id: the original's, or the one stage 1 gave it
-    (which ``scheduled list`` and ``cancel`` show). aiormq matches a returned message to
-    its publish by that id, and an unroutable message must come back to be parked.
+    ``message_id`` is the copy's: the original's, or the one stage 1 gave it, which
+    ``scheduled list`` and ``cancel`` show and the properties carry (aiormq matches a
+    returned message to its publish by its id, and an unroutable one must come back to
+    be parked).
     """
-    table = (headers or {}).get(ENVELOPE)
-    if not isinstance(table, Mapping):
-        raise ValueError(f"no {ENVELOPE} header: not a message the x-delay bridge scheduled")
-    version = table.get("v")
-    if version != _VERSION:
-        raise ValueError(f"{ENVELOPE} header of version {version!r}: this bridge reads {_VERSION}")
+    if not data.startswith(_MAGIC):
+        raise ValueError("not a message the x-delay bridge scheduled (its body has no envelope)")
     try:
-        exchange = _text(table["exchange"])
-        routing_key = _text(table["routing-key"])
-        props = table.get("properties") or {}
-        original = table.get("headers") or {}
-    except KeyError as exc:
-        raise ValueError(f"{ENVELOPE} header has no {exc.args[0]!r}") from None
-    if not isinstance(props, Mapping) or not isinstance(original, Mapping):
-        raise ValueError(f"{ENVELOPE} header: properties and headers must be tables")
-    properties: dict[str, Any] = {k: props[k] for k in PROPERTY_NAMES if props.get(k) is not None}
-    for name, value in properties.items():
-        if isinstance(value, (bytes, bytearray)) and name not in ("delivery_mode", "priority"):
-            properties[name] = _text(value)  # a client that sent short strings as bytes
-    stamp = properties.get("timestamp")
-    if (stamp is not None and not isinstance(stamp, (datetime, int))) or isinstance(stamp, bool):
-        raise ValueError(f"{ENVELOPE} header: timestamp {stamp!r} is not a time")
-    properties.setdefault("message_id", message_id)
-    properties["headers"] = dict(original) if original else None
-    return Restored(exchange, routing_key, properties)
+        at = len(_MAGIC)
+        texts = []
+        for _ in range(3):
+            size = data[at]
+            texts.append(data[at + 1 : at + 1 + size].decode())
+            at += 1 + size
+        size = int.from_bytes(data[at : at + 4], "big")
+        at += 4
+        if at + size > len(data):
+            raise IndexError
+        properties = data[at : at + size]
+    except (IndexError, UnicodeDecodeError):
+        raise ValueError("the x-delay bridge's envelope is cut short or garbled") from None
+    exchange, routing_key, user = texts
+    return Restored(exchange, routing_key, properties, message_id, user or None, data[at + size :])
+
+
+# --------------------------------------------------------------------------- stage 1
+
+
+@dataclass(frozen=True)
+class Carried:
+    """One inbox message as stage 1 sends it on: the copy's body (None when even the
+    envelope cannot be made), a publish request for the tiers, or a reason to park it."""
+
+    message_id: str
+    body: bytes | None
+    request: dict[str, Any] | None
+    reason: str = ""
+
+
+def carry(
+    destination: str,
+    max_delay_ms: int,
+    exchange: str,
+    routing_key: str,
+    properties: Mapping[str, Any],
+    body: bytes,
+) -> Carried:
+    """What stage 1 does with one message delivered from the inbox (``properties`` under
+    :data:`PROPERTY_NAMES`, plus ``headers``): read its ``x-delay``, give it an id if it
+    has none, wrap it, and make the request ``publish_many`` takes (the usual message:
+    the copy's own content type, no headers)."""
+    given = properties.get("message_id")
+    message_id = given if isinstance(given, str) and given else new_message_id()
+    inbound = read_delay(properties.get("headers"), max_delay_ms)
+    try:
+        wrapped = wrap(exchange, routing_key, properties, message_id, body)
+    except InvalidMessageError as exc:
+        return Carried(message_id, None, None, f"cannot be carried: {exc}")
+    if inbound.delay_ms is None:
+        return Carried(message_id, wrapped, None, inbound.reason)
+    request = {
+        "destination": destination,
+        "body": wrapped,
+        "delay": timedelta_of_ms(inbound.delay_ms),
+        "message_id": message_id,
+        "content_type": CONTENT_TYPE,
+    }
+    return Carried(message_id, wrapped, request)

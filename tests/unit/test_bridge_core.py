@@ -1,5 +1,6 @@
 """The x-delay bridge's pure core: names, the x-delay header, topology as data, and the
-envelope that carries a message's routing key, properties and headers through the tiers."""
+envelope that carries a message's routing key, properties and headers through the tiers
+(checked through pamqp's decoder, as stage 2's consumers read them)."""
 
 from __future__ import annotations
 
@@ -17,20 +18,20 @@ from pamqp import header as pamqp_header
 from rmqdelay import ConfigurationError, InvalidDestinationError, Settings
 from rmqdelay.amqp.aio_publisher import EncodedProperties
 from rmqdelay.core.bridge import (
-    ENVELOPE,
+    CONTENT_TYPE,
     PLUGIN_MAX_DELAY_MS,
     PROPERTY_NAMES,
     X_DELAY,
     Inbound,
     bridge_names,
     bridge_topology,
-    envelope,
+    carry,
     read_delay,
-    restore,
     unwanted_bindings,
+    unwrap,
+    wrap,
 )
 from rmqdelay.core.routing import validate_destination
-from rmqdelay.core.wire import encode_properties
 
 LAYOUT = Settings(max_delay="366d").layout
 MAX = LAYOUT.max_delay_ms
@@ -240,13 +241,12 @@ def test_unwanted_bindings_are_those_not_to_the_inbox() -> None:
 # ---------------------------------------------------------------- envelope
 
 
-def through_the_wire(headers: dict[str, Any]) -> Any:
-    """Encode as rmqdelay does, decode as aiormq does (pamqp): what stage 2 reads."""
-    encoded = encode_properties({"headers": headers, "message_id": "m"})
+def decoded(encoded: bytes) -> Any:
+    """Properties as aiormq reads them (pamqp): what stage 2's consumers get."""
     frame = pamqp_header.ContentHeader(0, 1, EncodedProperties(encoded, "m"))
     _consumed, _channel, parsed = pamqp_frame.unmarshal(pamqp_frame.marshal(frame, 1))
     assert isinstance(parsed, pamqp_header.ContentHeader)
-    return parsed.properties.headers
+    return parsed.properties
 
 
 FULL = {
@@ -264,31 +264,33 @@ FULL = {
     "app_id": "shop",
     "cluster_id": "c1",
 }
+PAMQP_NAMES = {"type": "message_type"}
 
 
 def test_the_envelope_keeps_every_property_and_header_but_x_delay() -> None:
     headers = {X_DELAY: 5000, "tenant": "a", "n": -3, "nested": {"k": [1, "two"]}, "raw": b"\x00"}
-    table = envelope("orders", "eu.new", FULL, headers)
-    restored = restore(through_the_wire({ENVELOPE: table}), "fallback")
-    assert (restored.exchange, restored.routing_key) == ("orders", "eu.new")
-    props = dict(restored.properties)
-    restored_headers = props.pop("headers")
-    stamp = props.pop("timestamp")
-    assert props == {k: v for k, v in FULL.items() if k != "timestamp"}
-    assert stamp.replace(tzinfo=timezone.utc) == FULL["timestamp"]
-    assert X_DELAY not in restored_headers
-    assert restored_headers["tenant"] == "a" and restored_headers["n"] == -3
-    assert restored_headers["nested"] == {"k": [1, "two"]}
-    assert bytes(restored_headers["raw"]) == b"\x00"
-    assert restored.message_id == "id-1" and restored.user_id == "alice"
-    encode_properties(restored.properties)  # stage 2 can send it
+    body = b"\x00the body\xff"
+    wrapped = wrap("orders", "eu.new", {**FULL, "headers": headers}, "id-1", body)
+    restored = unwrap(wrapped, "id-1")
+    assert (restored.exchange, restored.routing_key, restored.body) == ("orders", "eu.new", body)
+    assert (restored.message_id, restored.user_id) == ("id-1", "alice")
+    props = decoded(restored.properties)
+    for name, value in FULL.items():
+        got = getattr(props, PAMQP_NAMES.get(name, name))
+        if name == "timestamp":
+            got = got.replace(tzinfo=timezone.utc)
+        assert got == value, name
+    assert props.headers == {"tenant": "a", "n": -3, "nested": {"k": [1, "two"]}, "raw": b"\x00"}
 
 
 def test_absent_properties_stay_absent_and_the_copy_gets_the_bridges_id() -> None:
-    table = envelope("orders", "k", dict.fromkeys(PROPERTY_NAMES), {X_DELAY: 1})
-    restored = restore(through_the_wire({ENVELOPE: table}), "made-up-id")
-    assert restored.properties == {"message_id": "made-up-id", "headers": None}
-    assert restored.user_id is None
+    properties = {**dict.fromkeys(PROPERTY_NAMES), "headers": {X_DELAY: 1}}
+    restored = unwrap(wrap("orders", "k", properties, "made-up-id", b""), "made-up-id")
+    props = decoded(restored.properties)
+    assert props.message_id == "made-up-id"
+    assert props.headers is None and props.content_type is None
+    assert props.delivery_mode is None and props.timestamp is None
+    assert restored.user_id is None and restored.body == b""
 
 
 @given(
@@ -305,28 +307,47 @@ def test_absent_properties_stay_absent_and_the_copy_gets_the_bridges_id() -> Non
         max_size=8,
     ),
     st.text(max_size=255).filter(lambda s: len(s.encode()) <= 255),
+    st.binary(max_size=300),
 )
-def test_headers_and_routing_keys_come_back_as_they_went(
-    headers: dict[str, Any], routing_key: str
+def test_headers_routing_keys_and_bodies_come_back_as_they_went(
+    headers: dict[str, Any], routing_key: str, body: bytes
 ) -> None:
-    table = envelope("ex", routing_key, {}, headers)
-    restored = restore(through_the_wire({ENVELOPE: table}), "id")
-    assert restored.routing_key == routing_key
+    restored = unwrap(wrap("ex", routing_key, {"headers": headers}, "id", body), "id")
+    assert (restored.routing_key, restored.body) == (routing_key, body)
     expected = {k: v for k, v in headers.items() if k != X_DELAY}
-    got = restored.properties["headers"] or {}
+    got = decoded(restored.properties).headers or {}
     assert {k: bytes(v) if isinstance(v, bytearray) else v for k, v in got.items()} == expected
 
 
+def test_carry_makes_the_usual_request_or_a_reason_to_park() -> None:
+    headers = {X_DELAY: 1500, "tenant": "a"}
+    carried = carry("bridge.ex", MAX, "ex", "k", {"headers": headers, "message_id": "m1"}, b"b")
+    assert carried.message_id == "m1" and carried.body is not None
+    request = carried.request
+    assert request is not None
+    assert request["destination"] == "bridge.ex" and request["message_id"] == "m1"
+    assert request["delay"].total_seconds() == 1.5
+    assert request["content_type"] == CONTENT_TYPE and "headers" not in request
+    assert unwrap(request["body"], "m1").body == b"b"
+    made_up = carry("bridge.ex", MAX, "ex", "k", {"headers": None}, b"b")
+    assert made_up.message_id and made_up.request is not None
+    assert made_up.request["delay"].total_seconds() == 0
+    bad = carry("bridge.ex", MAX, "ex", "k", {"headers": {X_DELAY: "soon"}}, b"b")
+    assert bad.request is None and bad.body is not None and "'soon'" in bad.reason
+    broken = carry("bridge.ex", MAX, "ex", "k", {"headers": {"k": 2**70}}, b"b")
+    assert broken.request is None and broken.body is None
+    assert broken.reason.startswith("cannot be carried: headers['k']")
+
+
 @pytest.mark.parametrize(
-    ("headers", "words"),
+    ("data", "words"),
     [
-        (None, "no rmqdelay-bridge header"),
-        ({ENVELOPE: "x"}, "no rmqdelay-bridge header"),
-        ({ENVELOPE: {"v": 2}}, "version 2"),
-        ({ENVELOPE: {"v": 1, "exchange": "e"}}, "no 'routing-key'"),
-        ({ENVELOPE: {"v": 1, "exchange": "e", "routing-key": "", "headers": 3}}, "tables"),
+        (b"plain body", "no envelope"),
+        (b"rmqdb\x01\x05ab", "cut short"),
+        (b"rmqdb\x01\x01e\x01k\x00\x00\x00\x00\x09ab", "cut short"),
+        (b"rmqdb\x01\x01\xff\x00\x00\x00\x00\x00\x00", "garbled"),
     ],
 )
-def test_a_message_without_a_good_envelope_is_refused(headers: Any, words: str) -> None:
+def test_a_body_without_a_good_envelope_is_refused(data: bytes, words: str) -> None:
     with pytest.raises(ValueError, match=words):
-        restore(headers, "id")
+        unwrap(data, "id")
