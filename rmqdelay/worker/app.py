@@ -32,6 +32,7 @@ class RunOptions(TypedDict, total=False):
     concurrency: int
     prefetch: int | None
     shutdown_timeout: float
+    consumer_timeout: float | None
 
 
 class Worker:

@@ -16,6 +16,7 @@ from .delivery import Delivery
 from .hooks import Settled, WorkerHook
 
 __all__ = [
+    "CONSUMER_TIMEOUTS",
     "HANDLED",
     "HANDLER_SECONDS",
     "LATENESS",
@@ -44,6 +45,13 @@ LATENESS = Histogram(
 HANDLER_SECONDS = Histogram(
     "rmqdelay_handler_seconds",
     "How long handlers ran.",
+    ["destination"],
+)
+CONSUMER_TIMEOUTS = Counter(
+    "rmqdelay_consumer_timeouts",
+    "Messages the broker took back from a worker past the consumer timeout, while their "
+    "handler ran or their redelivery waited for it (RabbitMQ 4.3 cancels the consumer; "
+    "before, it closes the channel).",
     ["destination"],
 )
 

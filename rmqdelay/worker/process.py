@@ -1,9 +1,15 @@
-"""Each delivery's way through the worker: a slot, the hooks, the handler, the settling."""
+"""Each delivery's way through the worker: a slot, the hooks, the handler, the settling.
+
+A message the broker takes back while its handler runs (a consumer timeout, a lost
+connection) is not settled: its handling's outcome waits for the redelivery, which gets
+it instead of a second call of the handler (:mod:`rmqdelay.core.takeback`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -13,18 +19,42 @@ from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from ..core.clock import now_ms
 from ..core.handlers import HandlerSpec
-from ..core.retry import decide
+from ..core.retry import Decision, decide
+from ..core.takeback import Claim, Key, TakenBack, key_of
 from .context import Context
 from .delivery import Delivery, read_delivery
-from .hooks import Hooks
-from .session import Session, first
+from .hooks import Hooks, Settled
+from .metrics import CONSUMER_TIMEOUTS
+from .session import Cause, Session, first
 from .settle import SETTLE_ERRORS, Failure
 
 __all__ = ["Processor"]
 
 log = logging.getLogger("rmqdelay.worker")
 _handler_log = logging.getLogger("rmqdelay.handler")
+_WAIT_POLL_S = 0.5
+"""How often a held redelivery checks whether it was taken back or the worker stops."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Holding:
+    """A delivery the worker holds: its handler runs, or it waits for an earlier handling
+    of the same message that the broker took back (``waiting``)."""
+
+    session: Session
+    consumer_tag: str
+    key: Key
+    delivery: Delivery
+    queue: str
+    waiting: bool = False
+    taken: bool = False
+    """The broker took the message back while the worker held it."""
+
+
+Outcome = tuple[Decision, Failure | None, float]
+"""What a handling came to: its decision, the handler's failure, how long it ran."""
 
 
 class Processor:
@@ -38,6 +68,10 @@ class Processor:
         self.inflight: set[asyncio.Task[None]] = set()
         self.executor = ThreadPoolExecutor(concurrency, thread_name_prefix="rmqdelay-handler")
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.taken: TakenBack[Outcome] = TakenBack()
+        """Handlings whose message the broker took back, for their redelivery."""
+        self._holdings: set[_Holding] = set()
+        self._ended: dict[Key, asyncio.Event] = {}
         self._stop = stop
         self._slots = asyncio.Semaphore(concurrency)
         self._rng = random.Random()
@@ -51,6 +85,37 @@ class Processor:
         task = asyncio.create_task(self._process(session, spec, message))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
+
+    def on_taken_back(self, session: Session, tag: str | None, cause: Cause) -> None:
+        """The broker took back what consumer ``tag`` of ``session`` held (every consumer's
+        for None). Handlers keep running; each message they hold is logged and counted."""
+        for holding in list(self._holdings):
+            if holding.session is session and tag in (None, holding.consumer_tag):
+                self._take_back(holding, cause)
+
+    def _take_back(self, holding: _Holding, cause: Cause) -> None:
+        if holding.taken:
+            return
+        holding.taken = True
+        times = self.taken.took_back(holding.key)
+        fields = {**holding.delivery.fields, "queue": holding.queue}
+        if cause == "connection lost":
+            log.info(
+                "the connection was lost while the worker held the message; a redelivery "
+                "to this worker gets its handling's outcome",
+                extra=fields,
+            )
+            return
+        CONSUMER_TIMEOUTS.labels(holding.delivery.destination).inc()
+        what = "waited for its first handling" if holding.waiting else "ran its handler"
+        log.warning(
+            "consumer timeout: the broker took the message back while the worker %s "
+            "(%d time(s)); the handler runs on, and a redelivery to this worker gets "
+            "its outcome instead of a second call (one to another worker is handled again)",
+            what,
+            times,
+            extra=fields,
+        )
 
     async def _acquire_slot(self) -> bool:
         """Wait for a free handler slot; False when the worker stops first."""
@@ -72,39 +137,159 @@ class Processor:
                 self._slots.release()
         return False
 
+    async def _give_back(self, session: Session, message: AbstractIncomingMessage) -> None:
+        """A delivery never started (the worker stops): back to its queue for another
+        worker, with ``basic.nack``, which RabbitMQ 4.3 does not count as a failed delivery."""
+        if not session.taken_back(message):
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await message.nack(requeue=True)
+
     async def _process(
         self, session: Session, spec: HandlerSpec, message: AbstractIncomingMessage
     ) -> None:
+        delivery = read_delivery(message, spec.destination)
+        key = key_of(delivery.message_id, delivery.due_ms, delivery.attempt)
+        claim = self.taken.claim(key, now_ms())
+        if claim == "wait":
+            waited = await self._wait_for_first(session, spec, message, delivery, key)
+            if waited is None:
+                return
+            claim = waited
+        if not isinstance(claim, str):
+            await self._settle_as_first(session, spec, message, delivery, claim)
+            return
         if not await self._acquire_slot():
-            # Never started: give it back now, for another worker (nack, not reject).
-            if not session.lost.is_set():
-                with contextlib.suppress(*SETTLE_ERRORS):
-                    await message.nack(requeue=True)
+            await self._give_back(session, message)
             return
         self.busy += 1
         try:
-            if session.lost.is_set():
-                return  # the broker has already taken it back
-            await self._handle(session, spec, message)
+            if session.taken_back(message):
+                return  # prefetched, and the broker took it back before it started
+            # lateness counts to the handler's start, the wait for a slot included
+            delivery = dataclasses.replace(delivery, received_ms=now_ms())
+            await self._handle(session, spec, message, delivery, key)
         except Exception:
             # A bug of ours, not the handler's: never leave the message unacked for good.
             log.exception(
                 "internal error; requeueing the message", extra={"queue": spec.destination}
             )
-            if not message.processed and not session.lost.is_set():
+            if not message.processed and not session.taken_back(message):
                 with contextlib.suppress(*SETTLE_ERRORS):
                     await message.reject(requeue=True)
         finally:
             self.busy -= 1
             self._slots.release()
 
-    async def _handle(
-        self, session: Session, spec: HandlerSpec, message: AbstractIncomingMessage
+    async def _wait_for_first(
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        key: Key,
+    ) -> Claim[Outcome] | None:
+        """Hold a redelivery until the handling the broker took it back from ends; None
+        when this delivery is taken back too, or the worker stops (it is given back)."""
+        tag = message.consumer_tag or ""
+        holding = _Holding(session, tag, key, delivery, session.queue_of(spec), waiting=True)
+        self._holdings.add(holding)
+        log.info(
+            "a redelivery of a message whose handler still runs: it waits for that handler",
+            extra=delivery.fields,
+        )
+        try:
+            while True:
+                if session.taken_back(message):
+                    return None
+                if self._stop.is_set():
+                    await self._give_back(session, message)
+                    return None
+                claim = self.taken.claim(key, now_ms())
+                if claim != "wait":
+                    return claim
+                ended = self._ended.setdefault(key, asyncio.Event())
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ended.wait(), _WAIT_POLL_S)
+        finally:
+            self._holdings.discard(holding)
+
+    async def _settle_as_first(
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        outcome: Outcome,
     ) -> None:
-        delivery = read_delivery(message, spec.destination)
+        """Settle a redelivery with the outcome of the handling the broker took it back
+        from: no second call of the handler."""
+        decision, failure, seconds = outcome
+        log.info(
+            "a redelivery of a message whose handling ended after the broker took it back: "
+            "settled with that handling's outcome (%s), without calling the handler again",
+            decision.action,
+            extra=delivery.fields,
+        )
+        settled = await session.settler.settle(spec, message, delivery, decision, failure, seconds)
+        self.hooks.settled(delivery, settled)
+
+    async def _handle(
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        key: Key,
+    ) -> None:
         if self.hooks.skip(delivery):
             self.hooks.settled(delivery, await session.settler.skip(message))
             return
+        tag = message.consumer_tag or ""
+        holding = _Holding(session, tag, key, delivery, session.queue_of(spec))
+        self._holdings.add(holding)
+        left: Outcome | None = None
+        """What a redelivery still needs, should the broker have taken this one back."""
+        try:
+            outcome = await self._run(session, spec, message, delivery)
+            decision, failure, seconds = outcome
+            if session.taken_back(message):
+                self._take_back(holding, session.cause(message))
+            if holding.taken:
+                # Settling it now would be lost (no channel) or ignored (4.3): the broker
+                # delivers it again, and that delivery gets this outcome.
+                left = outcome
+                problem = "the broker took the message back while its handler ran"
+                error = failure.error if failure is not None else None
+                returned = Settled("returned", decision.reason, None, error, None, seconds, problem)
+                self.hooks.settled(delivery, returned)
+                return
+            settled = await session.settler.settle(
+                spec, message, delivery, decision, failure, seconds
+            )
+            self.hooks.settled(delivery, settled)
+            if settled.outcome in ("acked", "retried", "parked"):
+                # done, and its copy published: should the broker have ignored the ack
+                # (taken back meanwhile), the redelivery only needs one
+                left = (Decision("ack", decision.attempt), None, seconds)
+        finally:
+            self._holdings.discard(holding)
+            if holding.taken:
+                if left is None:
+                    self.taken.forget(key)  # not settled: handle the redelivery afresh
+                else:
+                    self.taken.finished(key, left, now_ms())
+                ended = self._ended.pop(key, None)
+                if ended is not None:
+                    ended.set()
+
+    async def _run(
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+    ) -> Outcome:
+        """Call the handler; what it came to, and how long it ran."""
         started = time.monotonic()
         failure: Failure | None = None
         try:
@@ -119,8 +304,7 @@ class Processor:
         seconds = time.monotonic() - started
         error = failure.error if failure is not None else None
         decision = decide(error, delivery.attempt, spec.policy, self._rng.random())
-        settled = await session.settler.settle(spec, message, delivery, decision, failure, seconds)
-        self.hooks.settled(delivery, settled)
+        return decision, failure, seconds
 
     async def _call(
         self,

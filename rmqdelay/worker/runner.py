@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import signal
 from collections.abc import Iterable
 
+from ..amqp.consumers import broker_version
 from ..core.handlers import HandlerSpec
 from ..core.journal import Tombstones
 from ..errors import WorkerError
@@ -25,12 +27,13 @@ from .logs import LogHook
 from .metrics import MetricsHook
 from .process import Processor
 from .reconnect import RETRIED, reconnect_delay, why_retry
-from .session import Session, first
-from .settle import SETTLE_ERRORS
+from .session import Consuming, Session, first
 
 __all__ = ["RunningWorker"]
 
 log = logging.getLogger("rmqdelay.worker")
+_MAX_CONSUMER_TIMEOUT_S = 2**31 / 1000
+"""RabbitMQ's largest consumer timeout (ms in a signed 32-bit integer)."""
 
 
 class RunningWorker:
@@ -49,6 +52,7 @@ class RunningWorker:
         concurrency: int = 8,
         prefetch: int | None = None,
         shutdown_timeout: float = 30.0,
+        consumer_timeout: float | None = None,
     ) -> None:
         if not 1 <= concurrency <= 10_000:
             raise WorkerError(f"--concurrency must be from 1 to 10000, got {concurrency}")
@@ -57,12 +61,18 @@ class RunningWorker:
             raise WorkerError(f"--prefetch must be from 1 to 65535, got {prefetch}")
         if shutdown_timeout < 0:
             raise WorkerError(f"shutdown timeout must not be negative, got {shutdown_timeout}")
+        if consumer_timeout is not None and not 0 < consumer_timeout <= _MAX_CONSUMER_TIMEOUT_S:
+            raise WorkerError(
+                f"consumer timeout must be from 0.001 to {_MAX_CONSUMER_TIMEOUT_S:g} seconds, "
+                f"got {consumer_timeout}"
+            )
         self.settings = settings
         self.layout = settings.layout
         self.handlers = {spec.destination: spec for spec in handlers}
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.shutdown_timeout = shutdown_timeout
+        self.consumer_timeout = consumer_timeout
         self.ready = asyncio.Event()
         self.connects = 0
         self.abandoned = 0
@@ -76,7 +86,17 @@ class RunningWorker:
             self.tombstones = cancels.tombstones
             own.insert(0, cancels)  # first: a cancelled message is neither timed nor logged
         self.hooks = Hooks([*own, *hooks])
-        self._processor = Processor(concurrency, self.hooks, self._stop)
+        self._not_consuming = asyncio.Event()
+        """Set once the consumers are cancelled at shutdown: messages that never started
+        are then given back, and not delivered to this worker again."""
+        self._processor = Processor(concurrency, self.hooks, self._not_consuming)
+        self._consuming = Consuming(
+            self.prefetch,
+            self._processor.on_message,
+            self._processor.on_taken_back,
+            None if consumer_timeout is None else math.ceil(consumer_timeout * 1000),
+        )
+        self._told_timeout = False
         self._rng = random.Random()
         self._try_last: list[str] = []
         """The address of a node that stopped confirming: tried after the others."""
@@ -114,6 +134,11 @@ class RunningWorker:
     def busy(self) -> int:
         """Handlers running now (messages waiting for a slot are not counted)."""
         return self._processor.busy
+
+    @property
+    def taken_back(self) -> int:
+        """Handlings whose message the broker took back, kept for their redelivery."""
+        return len(self._processor.taken)
 
     @property
     def exit_code(self) -> int:
@@ -161,6 +186,7 @@ class RunningWorker:
                     continue
                 failures = 0
                 self.connects += 1
+                self._tell_consumer_timeout(session)
                 self.ready.set()
                 log.info(
                     "consuming %s (concurrency %d, prefetch %d per queue)",
@@ -169,9 +195,13 @@ class RunningWorker:
                     self.prefetch,
                     extra={"url": self.settings.masked_url},
                 )
-                watch = asyncio.create_task(session.watch_node(self.settings))
+                watches = (
+                    asyncio.create_task(session.watch_node(self.settings)),
+                    asyncio.create_task(session.watch_consumers()),
+                )
                 await first(self._stop.wait(), session.lost.wait())
-                watch.cancel()
+                for watch in watches:
+                    watch.cancel()
                 if session.cut_off is not None:
                     self._try_last = [session.cut_off] if session.cut_off else []
                 if not self._stop.is_set():
@@ -190,10 +220,24 @@ class RunningWorker:
         return self.exit_code
 
     async def _open(self) -> Session:
-        on_message = self._processor.on_message
         return await Session.open(
-            self.settings, self.handlers, self.prefetch, self.hooks, on_message, self._try_last
+            self.settings, self.handlers, self.hooks, self._consuming, self._try_last
         )
+
+    def _tell_consumer_timeout(self, session: Session) -> None:
+        """Say once when the broker ignores the consumer timeout the worker asks for."""
+        if self.consumer_timeout is None or self._told_timeout:
+            return
+        self._told_timeout = True
+        version = broker_version(session.connection)
+        if version is not None and version < (4, 3):
+            log.warning(
+                "RabbitMQ %s ignores the consumer timeout this worker asks for (%gs) on "
+                "quorum queues (4.3 honours it): set consumer_timeout in rabbitmq.conf, or "
+                "a consumer-timeout policy on the work queues (3.12 and later)",
+                ".".join(map(str, version)),
+                self.consumer_timeout,
+            )
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -201,10 +245,9 @@ class RunningWorker:
 
     async def _shutdown(self, session: Session | None) -> None:
         """Stop consuming, wait for in-flight handlers, then close."""
-        if session is not None and not session.lost.is_set():
-            for queue, tag in session.consumers:
-                with contextlib.suppress(*SETTLE_ERRORS):
-                    await queue.cancel(tag, timeout=5)
+        if session is not None:
+            await session.stop_consuming()
+        self._not_consuming.set()
         inflight = self._processor.inflight
         pending = set(inflight)
         if pending and not self._abort.is_set():

@@ -13,13 +13,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.connections import address_of, connect_async
+from ..amqp.consumers import consuming, is_consumer_timeout, on_broker_cancel
 from ..amqp.journal import write_probe
 from ..amqp.passive import queue_exists_async
 from ..core.handlers import HandlerSpec
@@ -27,9 +28,18 @@ from ..errors import AccessRefusedError, WorkerError
 from ..settings import Settings, mask_url
 from .hooks import Hooks
 from .reconnect import refused
-from .settle import Settler
+from .settle import SETTLE_ERRORS, Settler
 
-__all__ = ["PROBE_IDLE_S", "PROBE_TIMEOUT_S", "Session", "bounded", "first"]
+__all__ = [
+    "PROBE_IDLE_S",
+    "PROBE_TIMEOUT_S",
+    "Cause",
+    "Consumer",
+    "Consuming",
+    "Session",
+    "bounded",
+    "first",
+]
 
 log = logging.getLogger("rmqdelay.worker")
 PROBE_IDLE_S = 3.0
@@ -39,6 +49,41 @@ PROBE_TIMEOUT_S = 5.0
 _CLOSE_S = 5.0
 
 OnMessage = Callable[["Session", HandlerSpec, AbstractIncomingMessage], Awaitable[None]]
+OnTakenBack = Callable[["Session", "str | None", "Cause"], None]
+"""Told that the broker took back what a consumer (a tag), or the whole session (None), held."""
+Cause = Literal["consumer timeout", "connection lost"]
+"""Why the broker took messages back: a consumer timeout (on 4.3 a ``basic.cancel``, which
+a deleted queue sends too; before, a closed channel), or a connection or channel lost."""
+
+_POLL_S = 0.5
+"""How often to look for a consumer the broker cancelled, where aiormq does not say."""
+
+
+@dataclass(frozen=True)
+class Consuming:
+    """How a session consumes: the runner's callbacks and the consumer's settings."""
+
+    prefetch: int
+    on_message: OnMessage
+    on_taken_back: OnTakenBack
+    consumer_timeout_ms: int | None = None
+    """Sent as the ``x-consumer-timeout`` consumer argument (RabbitMQ 4.3 honours it on
+    quorum queues)."""
+
+    @property
+    def arguments(self) -> dict[str, Any] | None:
+        if self.consumer_timeout_ms is None:
+            return None
+        return {"x-consumer-timeout": self.consumer_timeout_ms}
+
+
+@dataclass
+class Consumer:
+    """One work queue's consumer; a new tag when the broker cancelled the last one."""
+
+    queue: AbstractQueue
+    spec: HandlerSpec
+    tag: str
 
 
 @dataclass
@@ -50,46 +95,60 @@ class Session:
     publisher: AsyncPublisher
     settler: Settler
     lost: asyncio.Event
-    consumers: list[tuple[AbstractQueue, str]] = field(default_factory=list)
+    consuming: Consuming
+    underlay: Any = None
+    """The consumers' aiormq channel, which knows what is still consumed."""
+    consumers: list[Consumer] = field(default_factory=list)
     active_at: float = field(default_factory=time.monotonic)
     """When a delivery last came, or a probe was last confirmed."""
     cut_off: str | None = None
     """The address of a node that stopped confirming: to try after the others."""
+    lost_cause: Cause = "connection lost"
+    own_cancels: set[str] = field(default_factory=set)
+    """Consumer tags the worker cancelled itself (at shutdown): their messages stay held."""
+    closing: bool = False
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when aiormq says the broker cancelled a consumer."""
+    _told: bool = False
 
     @classmethod
     async def open(
         cls,
         settings: Settings,
         handlers: Mapping[str, HandlerSpec],
-        prefetch: int,
         hooks: Hooks,
-        on_message: OnMessage,
+        consuming: Consuming,
         last: list[str],
     ) -> Session:
         """Connect, check the work queues, let the hooks start, then consume."""
         connection = await connect_async(settings, "worker", last=last)
         try:
             lost = asyncio.Event()
-            connection.close_callbacks.add(lambda *_: lost.set())
+            connection.close_callbacks.add(lambda *_: lost.set())  # while the hooks start
             queues = await _check_queues(connection, settings, handlers)
             await hooks.connect(connection, lost)
             channel = await connection.channel(publisher_confirms=False)
-            channel.close_callbacks.add(lambda *_: lost.set())
-            await channel.set_qos(prefetch_count=prefetch)
+            await channel.set_qos(prefetch_count=consuming.prefetch)
             park_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-            park_channel.close_callbacks.add(lambda *_: lost.set())
             park_exchange = await park_channel.get_exchange(settings.layout.parking, ensure=False)
             publisher = await AsyncPublisher(settings, connection=connection).connect()
             settler = Settler(publisher, park_exchange, settings.confirm_timeout)
-            session = cls(connection, channel, publisher, settler, lost)
+            session = cls(connection, channel, publisher, settler, lost, consuming)
+            session.underlay = await channel.get_underlay_channel()
+            on_broker_cancel(session.underlay, session.woken.set)
+            connection.close_callbacks.add(session._on_close)
+            channel.close_callbacks.add(session._on_close)
+            park_channel.close_callbacks.add(session._on_close)
+            if connection.is_closed or channel.is_closed or park_channel.is_closed:
+                session._on_close(None)
             for destination, name in queues:
                 queue = await channel.get_queue(name, ensure=False)
                 spec = handlers[destination]
                 try:
-                    tag = await queue.consume(functools.partial(on_message, session, spec))
+                    tag = await session._consume(queue, spec)
                 except aiormq.exceptions.ChannelAccessRefused as exc:
                     raise refused(exc, name, "read") from None
-                session.consumers.append((queue, tag))
+                session.consumers.append(Consumer(queue, spec, tag))
             return session
         except BaseException:
             with contextlib.suppress(Exception):
@@ -98,8 +157,91 @@ class Session:
                 await connection.close()
             raise
 
+    async def _consume(self, queue: AbstractQueue, spec: HandlerSpec) -> str:
+        on_message = functools.partial(self.consuming.on_message, self, spec)
+        return await queue.consume(on_message, arguments=self.consuming.arguments)
+
+    def _on_close(self, _sender: object = None, error: BaseException | None = None) -> None:
+        """A channel or the connection closed: the broker takes back all it held."""
+        if self._told:
+            return
+        self._told = True
+        if is_consumer_timeout(error):
+            self.lost_cause = "consumer timeout"
+        if not self.closing:
+            self.consuming.on_taken_back(self, None, self.lost_cause)
+        self.lost.set()
+
+    def taken_back(self, message: AbstractIncomingMessage) -> bool:
+        """Whether the broker took ``message`` back: its consumer was cancelled by the
+        broker, or the connection is gone. Settling it then would be lost, or ignored."""
+        if self.lost.is_set():
+            return True
+        tag = message.consumer_tag or ""
+        return tag not in self.own_cancels and not consuming(self.underlay, tag)
+
+    def queue_of(self, spec: HandlerSpec) -> str:
+        """The name of the work queue ``spec``'s messages come from."""
+        for consumer in self.consumers:
+            if consumer.spec is spec:
+                return consumer.queue.name
+        return spec.destination
+
+    def cause(self, message: AbstractIncomingMessage) -> Cause:
+        """Why ``message`` was taken back (see :meth:`taken_back`)."""
+        return self.lost_cause if self.lost.is_set() else "consumer timeout"
+
+    async def watch_consumers(self) -> None:
+        """Consume again from a queue whose consumer the broker cancelled.
+
+        RabbitMQ 4.3 cancels the consumer of a handler that ran past the consumer timeout
+        (and a deleted queue cancels its consumers on every version). The messages it held
+        go back to the queue; the other consumers and the channel go on. A new consumer
+        takes the queue's messages again; one that cannot be had (the queue is gone) ends
+        the session, and the reconnect says what is missing.
+        """
+        while not self.lost.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.woken.wait(), _POLL_S)
+            self.woken.clear()
+            for consumer in self.consumers:
+                if self.lost.is_set() or self.closing or self.own_cancels:
+                    return
+                if consuming(self.underlay, consumer.tag):
+                    continue
+                name = consumer.queue.name
+                log.warning(
+                    "the broker cancelled the consumer of %s (a handler ran past the consumer "
+                    "timeout, or the queue was deleted); consuming it again",
+                    name,
+                    extra={"queue": name},
+                )
+                self.consuming.on_taken_back(self, consumer.tag, "consumer timeout")
+                try:
+                    consumer.tag = await self._consume(consumer.queue, consumer.spec)
+                except Exception as exc:  # the queue is gone, or the channel with it
+                    log.warning(
+                        "could not consume from %s again (%s); reconnecting",
+                        name,
+                        exc,
+                        extra={"queue": name},
+                    )
+                    self._on_close(None)
+                    return
+
+    async def stop_consuming(self) -> None:
+        """Cancel the consumers (at shutdown); the messages they hold stay the worker's
+        to settle."""
+        if self.lost.is_set():
+            return
+        self.own_cancels.update(c.tag for c in self.consumers)
+        for consumer in self.consumers:
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await consumer.queue.cancel(consumer.tag, timeout=5)
+
     async def close(self, hooks: Hooks) -> None:
         """Each step bounded: a node cut off from the majority may never answer a close."""
+        self.closing = True
         for step in (self.publisher.close(), hooks.disconnect(), self.connection.close()):
             with contextlib.suppress(Exception):
                 await bounded(step, _CLOSE_S)

@@ -1,0 +1,121 @@
+"""A short consumer timeout for one test, on each RabbitMQ version.
+
+- 4.3 honours the ``x-consumer-timeout`` consumer argument on a quorum queue (the worker's
+  ``consumer_timeout``): that consumer alone, checked to the millisecond (measured).
+- 4.0.5 ignores that argument on a quorum queue (measured); 3.10 has no per-queue timeout
+  at all. Both read the node-wide ``consumer_timeout`` once per channel, when it opens,
+  and check it on the channel's tick (``channel_tick_interval``, 60 s). So for those,
+  :class:`NodeTimeout` sets ``consumer_timeout`` for a moment while the test's channel
+  opens (the node restores it by itself ``WINDOW_MS`` later), and the tick short while the
+  test runs (restored after, and by the node itself after ``SAFETY_MS``, should the test
+  die). Other channels opened in that moment get the short timeout too: it is a moment.
+
+Changing the node needs ``rabbitmqctl eval`` there: the host's node on :5672 (as root),
+or the 4.0 node in its chroot (``scripts/brokers/rmq4.py``) on :5682.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+
+import pytest
+
+from tests.helpers.brokerctl import BrokerAdmin
+
+WINDOW_MS = 3000
+"""How long the node-wide timeout stays short: the test's channel must open within it."""
+SAFETY_MS = 120_000
+TICK_MS = 250
+
+
+def by_consumer_argument(version: tuple[int, ...]) -> bool:
+    """Whether this version honours the consumer argument on a quorum queue (4.3 on)."""
+    return version >= (4, 3)
+
+
+def _ctl_command(admin: BrokerAdmin) -> list[str] | None:
+    """The ``rabbitmqctl`` that administers the test's broker, if this machine has one."""
+    if admin.is_local_node:
+        ctl = shutil.which("rabbitmqctl")
+        return [ctl] if ctl else None
+    parts = urllib.parse.urlsplit(admin.amqp_url)
+    if parts.hostname not in ("127.0.0.1", "localhost") or os.geteuid() != 0:
+        return None
+    from brokers import rmq4  # scripts/brokers, on the path as the broker fixture's
+
+    if parts.port == rmq4.AMQP_PORT and (rmq4.ROOT / "usr/sbin/rabbitmqctl").exists():
+        return ["chroot", str(rmq4.ROOT), "rabbitmqctl"]
+    return None
+
+
+def _restore(key: str, previous: str) -> str:
+    """Erlang: set ``key`` back to what ``application:get_env`` said it was."""
+    return (
+        f"case {previous} of {{ok, V_{key}}} -> application:set_env(rabbit, {key}, V_{key}); "
+        f"undefined -> application:unset_env(rabbit, {key}) end"
+    )
+
+
+class NodeTimeout:
+    """The node-wide consumer timeout of a 3.10 or 4.0 broker, made short for a moment."""
+
+    def __init__(self, admin: BrokerAdmin) -> None:
+        self.command = _ctl_command(admin)
+        self._tick: str | None = None
+        """What the tick was: ``{ok,60000}`` or ``undefined``."""
+
+    def require(self) -> None:
+        """Fail (on CI) or skip when this machine cannot change the node's settings."""
+        if self.command is None:
+            why = "a short consumer timeout before RabbitMQ 4.3 needs rabbitmqctl on its node"
+            if os.environ.get("CI"):
+                pytest.fail(why, pytrace=False)
+            pytest.skip(why)
+
+    def _eval(self, expression: str) -> str:
+        assert self.command is not None
+        proc = subprocess.run(
+            [*self.command, "eval", expression],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        assert proc.returncode == 0, f"rabbitmqctl eval exited {proc.returncode}: {proc.stderr}"
+        return proc.stdout
+
+    def shorten(self, timeout_ms: int) -> None:
+        """Channels opened within ``WINDOW_MS`` from now time out after ``timeout_ms``;
+        every channel's tick is ``TICK_MS`` until :meth:`restore`."""
+        said = self._eval(
+            "Timeout = application:get_env(rabbit, consumer_timeout), "
+            "Tick = application:get_env(rabbit, channel_tick_interval), "
+            f"application:set_env(rabbit, consumer_timeout, {timeout_ms}), "
+            f"application:set_env(rabbit, channel_tick_interval, {TICK_MS}), "
+            f"spawn(fun() -> timer:sleep({WINDOW_MS}), "
+            f"{_restore('consumer_timeout', 'Timeout')} end), "
+            f"spawn(fun() -> timer:sleep({SAFETY_MS}), "
+            f"case application:get_env(rabbit, channel_tick_interval) of "
+            f"{{ok, {TICK_MS}}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end end), "
+            'io:format("tick=~p~n", [Tick]).'
+        )
+        found = re.search(r"tick=(\{ok,\s*\d+\}|undefined)", said)
+        assert found, f"rabbitmqctl eval said {said!r}"
+        self._tick = found[1].replace(" ", "")
+
+    async def shorten_async(self, timeout_ms: int) -> None:
+        await asyncio.to_thread(self.shorten, timeout_ms)
+
+    def restore(self) -> None:
+        """The tick back to what it was; the timeout is back already."""
+        if self._tick is not None:
+            tick, self._tick = self._tick, None
+            self._eval(
+                f"Tick = {tick}, case application:get_env(rabbit, channel_tick_interval) of "
+                f"{{ok, {TICK_MS}}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end."
+            )
