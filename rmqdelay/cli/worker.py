@@ -171,6 +171,13 @@ def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> N
     help="Seconds in-flight handlers get to finish.",
 )
 @click.option(
+    "--consumer-timeout",
+    type=click.FloatRange(min=0.001, max=2**31 / 1000),
+    metavar="SECONDS",
+    help="Ask the broker to take a message back from a handler running this long "
+    "(RabbitMQ 4.3 on quorum queues; default: the broker's consumer_timeout, 30 min).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65_535),
     metavar="PORT",
@@ -199,6 +206,7 @@ def _run_worker(
     log_level: str,
     log_format: str,
     shutdown_timeout: float,
+    consumer_timeout: float | None,
     metrics_port: int | None,
     url: tuple[str, ...],
     prefix: str | None,
@@ -240,6 +248,7 @@ def _run_worker(
         prefetch=prefetch,
         queues=names,
         shutdown_timeout=shutdown_timeout,
+        consumer_timeout=consumer_timeout,
     )
 
     import asyncio
