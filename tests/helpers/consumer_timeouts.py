@@ -11,7 +11,7 @@
   die). Other channels opened in that moment get the short timeout too: it is a moment.
 
 Changing the node needs ``rabbitmqctl eval`` there: the host's node on :5672 (as root),
-or the 4.0 node in its chroot (``scripts/brokers/rmq4.py``) on :5682.
+or a node in its chroot (``scripts/brokers/chroot.py``: 4.0 on :5682).
 """
 
 from __future__ import annotations
@@ -46,10 +46,11 @@ def _ctl_command(admin: BrokerAdmin) -> list[str] | None:
     parts = urllib.parse.urlsplit(admin.amqp_url)
     if parts.hostname not in ("127.0.0.1", "localhost") or os.geteuid() != 0:
         return None
-    from brokers import rmq4  # scripts/brokers, on the path as the broker fixture's
+    from brokers.chroot import RELEASES  # scripts/brokers, on the path as the broker fixture's
 
-    if parts.port == rmq4.AMQP_PORT and (rmq4.ROOT / "usr/sbin/rabbitmqctl").exists():
-        return ["chroot", str(rmq4.ROOT), "rabbitmqctl"]
+    for release in RELEASES.values():
+        if parts.port == release.amqp_port and (release.root / "usr/sbin/rabbitmqctl").exists():
+            return ["chroot", str(release.root), "rabbitmqctl"]
     return None
 
 
