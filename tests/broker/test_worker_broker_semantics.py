@@ -214,9 +214,11 @@ class _ShortTimeoutOnce(WorkerHook):
         self.connects = 0
 
     async def on_connect(self, connection: Any, lost: asyncio.Event) -> None:
-        self.connects += 1
-        if self.connects == 1:  # the consuming channel opens right after the hooks
+        self.connects += 1  # the consuming channel opens right after the hooks
+        if self.connects == 1:
             await self.node.shorten_async(TIMEOUT_MS)
+        elif self.connects == 2:  # the reconnect after the timeout may come within it
+            await asyncio.to_thread(self.node.unshorten)
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@
   at all. Both read the node-wide ``consumer_timeout`` once per channel, when it opens,
   and check it on the channel's tick (``channel_tick_interval``, 60 s). So for those,
   :class:`NodeTimeout` sets ``consumer_timeout`` for a moment while the test's channel
-  opens (the node restores it by itself ``WINDOW_MS`` later), and the tick short while the
+  opens (the node restores it by itself ``WINDOW_MS`` later, the test sooner with
+  :meth:`NodeTimeout.unshorten`), and the tick short while the
   test runs (restored after, and by the node itself after ``SAFETY_MS``, should the test
   die). Other channels opened in that moment get the short timeout too: it is a moment.
 
@@ -69,6 +70,8 @@ class NodeTimeout:
         self.command = _ctl_command(admin)
         self._tick: str | None = None
         """What the tick was: ``{ok,60000}`` or ``undefined``."""
+        self._timeout: str | None = None
+        """What the timeout was, the same way."""
 
     def require(self) -> None:
         """Fail (on CI) or skip when this machine cannot change the node's settings."""
@@ -103,11 +106,18 @@ class NodeTimeout:
             f"spawn(fun() -> timer:sleep({SAFETY_MS}), "
             f"case application:get_env(rabbit, channel_tick_interval) of "
             f"{{ok, {TICK_MS}}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end end), "
-            'io:format("tick=~p~n", [Tick]).'
+            'io:format("tick=~p timeout=~p~n", [Tick, Timeout]).'
         )
-        found = re.search(r"tick=(\{ok,\s*\d+\}|undefined)", said)
+        value = r"(\{ok,\s*\d+\}|undefined)"
+        found = re.search(rf"tick={value} timeout={value}", said)
         assert found, f"rabbitmqctl eval said {said!r}"
-        self._tick = found[1].replace(" ", "")
+        self._tick, self._timeout = found[1].replace(" ", ""), found[2].replace(" ", "")
+
+    def unshorten(self) -> None:
+        """The timeout back now, for the channels opened from now on (before the node
+        would, ``WINDOW_MS`` after :meth:`shorten`)."""
+        if self._timeout is not None:
+            self._eval(f"Timeout = {self._timeout}, {_restore('consumer_timeout', 'Timeout')}.")
 
     async def shorten_async(self, timeout_ms: int) -> None:
         await asyncio.to_thread(self.shorten, timeout_ms)
