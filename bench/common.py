@@ -397,15 +397,19 @@ class Management:
         self.vhost = unquote(amqp.path[1:]) if len(amqp.path) > 1 else "/"
         self.timeout = timeout
 
-    def call(self, method: str, path: str) -> Any:
-        """``method`` on ``/api/{path}``; its JSON decoded (None for an empty answer)."""
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        """``method`` on ``/api/{path}`` (with ``body`` as JSON); its JSON decoded (None for
+        an empty answer)."""
         import json
         import urllib.request
 
+        headers = {"Authorization": f"Basic {self._auth}", "X-Reason": "rmqdelay bench"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
         request = urllib.request.Request(
-            f"{self.base}/api/{path}",
-            method=method,
-            headers={"Authorization": f"Basic {self._auth}", "X-Reason": "rmqdelay bench"},
+            f"{self.base}/api/{path}", data=data, method=method, headers=headers
         )
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             body = response.read()
