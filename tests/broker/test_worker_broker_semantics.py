@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,10 +28,10 @@ import pika
 import pytest
 from prometheus_client import REGISTRY
 
-from rmqdelay import AsyncPublisher, Backoff, WorkerError, WorkerHook
+from rmqdelay import AsyncPublisher, Backoff, Requeue, WorkerError, WorkerHook
 from rmqdelay.amqp.consumers import consuming
 from rmqdelay.worker.context import Context
-from tests.helpers.brokerctl import BrokerAdmin
+from tests.helpers.brokerctl import BrokerAdmin, BrokerAdminError
 from tests.helpers.consumer_timeouts import NodeTimeout, by_consumer_argument
 from tests.helpers.worker_helpers import (
     TestTopology,
@@ -324,3 +326,57 @@ async def test_a_deleted_work_queue_stops_the_worker_naming_it(
         if not task.done():
             runner.abort()
             await asyncio.wait({task}, timeout=10)
+
+
+# --------------------------------------------------------------------------- delayed retry
+
+
+async def test_requeue_waits_out_a_delayed_retry_policy_on_4_3_and_older_refuse_the_policy(
+    shared_topology: TestTopology, broker_version: tuple[int, ...], admin: BrokerAdmin
+) -> None:
+    """The README's recipe for RabbitMQ 4.3's own delayed retry: a policy on a work queue
+    makes each ``Requeue`` (a ``basic.reject``) wait ``delayed-retry-min`` times the
+    delivery count, up to ``-max``. Before 4.3 the broker refuses those policy keys."""
+    if not admin.uses_management_api:
+        if os.environ.get("CI"):
+            pytest.fail("setting a policy needs the management API", pytrace=False)
+        pytest.skip("setting a policy needs the management API")
+    case = shared_topology.worker()
+    dest, settings, app, calls = case
+    queue = work_queue(settings, dest)
+    definition = {
+        "delayed-retry-type": "failed",
+        "delayed-retry-min": 1000,
+        "delayed-retry-max": 1000,
+    }
+    policy = admin.policy(
+        shared_topology.prefix,
+        "^" + re.escape(queue) + "$",
+        definition,
+        apply_to="quorum_queues",
+        priority=100,
+    )
+    if broker_version < (4, 3):
+        with pytest.raises(BrokerAdminError, match="not recognised"), policy:
+            pass
+        return
+
+    @app.handler(dest)
+    async def handle(msg: str, ctx: Context) -> None:
+        calls.record(msg, ctx)
+        if len(calls) == 1:
+            raise Requeue("not yet")
+
+    with policy:
+        await wait_until(
+            lambda: admin.queue(queue).get("effective_policy_definition") == definition,
+            30,
+            "the policy on the work queue",
+            interval=0.2,
+        )
+        async with case.running() as publisher:
+            await publisher.publish(dest, "later", delay=0)
+            await wait_until(lambda: len(calls) >= 2, 10, "the delayed redelivery")
+    first, second = calls.items
+    assert 1.0 <= second.at - first.at < 5.0, second.at - first.at
+    assert second.headers.get("x-delivery-count") == 1
