@@ -223,14 +223,15 @@ class Processor:
     ) -> None:
         """Settle a redelivery with the outcome of the handling the broker took it back
         from: no second call of the handler."""
-        decision, failure, seconds = outcome
+        decision, failure, _seconds = outcome
         log.info(
             "a redelivery of a message whose handling ended after the broker took it back: "
             "settled with that handling's outcome (%s), without calling the handler again",
             decision.action,
             extra=delivery.fields,
         )
-        settled = await session.settler.settle(spec, message, delivery, decision, failure, seconds)
+        # no handler ran for this delivery (its time was counted with the first one's)
+        settled = await session.settler.settle(spec, message, delivery, decision, failure, None)
         self.hooks.settled(delivery, settled)
 
     async def _handle(

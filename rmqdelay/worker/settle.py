@@ -66,7 +66,7 @@ class _Job:
     message: AbstractIncomingMessage
     delivery: Delivery
     failure: Failure | None
-    seconds: float
+    seconds: float | None
 
     def settled(
         self,
@@ -106,7 +106,7 @@ class Settler:
         delivery: Delivery,
         decision: Decision,
         failure: Failure | None,
-        seconds: float,
+        seconds: float | None,
     ) -> Settled:
         job = _Job(spec, message, delivery, failure, seconds)
         try:
