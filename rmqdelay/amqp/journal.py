@@ -48,6 +48,8 @@ __all__ = [
 T = TypeVar("T")
 _PREFETCH = 2000
 _ACK_EVERY = 500
+LIVE_ACK_S = 0.1
+"""A live tail acks what it read within this long (see ``_Stream``)."""
 
 
 # ------------------------------------------------------------------ sync (pika)
@@ -201,7 +203,9 @@ class _Stream:
     """A stream consumer on a channel of its own, handing each body to ``take`` in order.
 
     Acks go as one multiple ack per batch (a stream consumer needs them for credit), and
-    for every message once ``live``: past the end, records come one at a time.
+    once ``live`` (past the end, records come one at a time) within ``LIVE_ACK_S`` of a
+    record: a worker's tail sees every journal write of every publisher, and an ack per
+    write was as much work for the broker as the write.
     """
 
     def __init__(self, take: Callable[[bytes], bool]) -> None:
@@ -211,6 +215,11 @@ class _Stream:
         self.stopped = False
         self.live = False
         self._unacked = 0
+        self._acked = 0
+        self._acking = asyncio.Lock()
+        self._latest: AbstractIncomingMessage | None = None
+        self._flush: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, connection: AbstractConnection, name: str, offset: datetime) -> None:
         self.channel = channel = await connection.channel()
@@ -220,14 +229,55 @@ class _Stream:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         self._unacked += 1
-        if self._unacked >= _ACK_EVERY or self.live:
-            await message.ack(multiple=True)
+        self._latest = message
+        if self._unacked >= _ACK_EVERY:
             self._unacked = 0
+            await self._ack_up_to(message)
+        elif self.live and self._flush is None:
+            loop = asyncio.get_running_loop()
+            self._flush = loop.call_later(LIVE_ACK_S, self._flush_acks)
         if not self.stopped and self.take(message.body):
             self.stopped = True
         self.heard.set()
 
+    def _flush_acks(self) -> None:
+        self._flush = None
+        message = self._latest
+        if message is None or not self._unacked:
+            return
+        self._unacked = 0
+        task = asyncio.ensure_future(self._ack_quietly(message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _ack_quietly(self, message: AbstractIncomingMessage) -> None:
+        import aiormq
+
+        # a closed channel returns what it held unacked: nothing is lost
+        with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError, ConnectionError):
+            await self._ack_up_to(message)
+
+    async def _ack_up_to(self, message: AbstractIncomingMessage) -> None:
+        """One multiple ack at a time, never below one already sent.
+
+        Each delivery's callback is a task of its own, and aiormq's write queue holds 10
+        frames: a busy connection (a worker's, publishing) has its writers wait, and
+        asyncio's queue lets a later writer in before a woken one, so two acks could go
+        out of order. A multiple ack of a tag below one already acked is an unknown
+        delivery tag to the broker, which closes the channel (seen under the x-delay
+        bridge: the worker reconnected every few seconds).
+        """
+        tag = message.delivery_tag or 0
+        async with self._acking:
+            if tag <= self._acked:
+                return
+            self._acked = tag
+            await message.ack(multiple=True)
+
     async def close(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         if self.channel is not None:
             await _close_quietly(self.channel)
 
