@@ -10,19 +10,23 @@ cannot set one). Idempotent. What it cannot fix, it reports: a queue still bound
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pika.exceptions
+
 from ..core.bridge import BridgeNames, BridgeTopology, Policy, bridge_topology, unwanted_bindings
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
+from .blocking import close_connection
 from .management import ManagementApi
 from .topology_manager import TopologyManager
 
-__all__ = ["BridgeDeclared", "declare_bridge", "policy_command"]
+__all__ = ["BridgeDeclared", "declare_bridge", "missing_objects", "policy_command"]
 
 POLICY_WAIT_S = 10.0
 """How long ``declare`` waits for the broker to apply the policy it set."""
@@ -173,3 +177,36 @@ def _bound_elsewhere(api: ManagementApi, names: BridgeNames) -> list[str]:
         f"instead and unbind it from {names.exchange!r}"
         for kind, name, key in unwanted_bindings(names, bindings)
     ]
+
+
+def missing_objects(settings: Settings, names: BridgeNames) -> list[str]:
+    """What ``bridge run`` needs and does not find (passive checks: no configure
+    permission needed), each named; empty when all is there."""
+    from .connections import connect_blocking
+    from .passive import queue_exists
+
+    layout, timeout = settings.layout, settings.confirm_timeout
+    quiet = logging.getLogger("pika.channel")  # it logs each 404 as a warning
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    connection = connect_blocking(settings, "bridge-check")
+    try:
+        missing = [
+            f"queue {queue!r}"
+            for queue in (names.inbox, layout.work_queue(names.destination))
+            if not queue_exists(connection, queue, timeout)
+        ]
+        for exchange in (names.exchange, names.delivery_exchange):
+            channel = connection.channel()
+            try:
+                channel.exchange_declare(exchange, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 404:
+                    raise
+                missing.append(f"exchange {exchange!r}")
+            else:
+                channel.close()
+    finally:
+        close_connection(connection, timeout)
+        quiet.setLevel(level)
+    return missing

@@ -11,12 +11,16 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .options import Group, broker_options, epilog, friendly_errors, settings_from
 from .worker import LOG_LEVELS
+
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from ..worker.bridge import Bridge
 
 __all__ = ["app"]
 
@@ -169,6 +173,32 @@ def bridge_run(exchange: str, **options: Any) -> None:
     os._exit(code)
 
 
+def _check(settings: Settings, bridge: Bridge) -> None:
+    """Name every object ``bridge declare`` makes that is missing, before the worker
+    starts (its own check would name only the work queue, and the wrong command). A
+    broker that cannot be reached yet is left to the worker, which retries."""
+    from ..amqp.bridge import missing_objects
+    from ..errors import ConnectionFailedError, WorkerError
+
+    try:
+        missing = missing_objects(settings, bridge.names)
+    except ConnectionFailedError as exc:
+        if not exc.transient:
+            raise
+        return
+    if missing:
+        names = bridge.names
+        raise WorkerError(
+            f"the bridge for {names.exchange!r} is not declared ({', '.join(missing)} "
+            f"missing): run `rmqdelay bridge declare --exchange {names.exchange} --type TYPE`"
+            + (
+                f" --delivery-exchange {names.delivery_exchange}"
+                if names.delivery_exchange != names.exchange + ".delayed"
+                else ""
+            )
+        )
+
+
 @friendly_errors
 def _run_bridge(
     exchange: str,
@@ -209,6 +239,7 @@ def _run_bridge(
         destination=destination,
         inbox_prefetch=inbox_prefetch,
     )
+    _check(settings, bridge)
     if metrics_port is not None:
         from ..amqp.status import gather_status
         from ..worker.metrics import refresh_queue_gauges, serve_metrics

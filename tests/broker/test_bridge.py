@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from decimal import Decimal
 
 import pytest
+from prometheus_client import REGISTRY
 
 from rmqdelay import Publisher
 from rmqdelay.core.bridge import bridge_names
@@ -167,6 +168,14 @@ async def test_x_delay_values_are_read_as_the_plugin_read_them_or_parked(
         assert arrived[key] - sent[key] < 3, key
     assert_on_time(sent["decimal"], 600, arrived["decimal"])
     assert_on_time(sent["string"], 700, arrived["string"])
+    counted = {
+        outcome: REGISTRY.get_sample_value(
+            "rmqdelay_bridge_messages_total",
+            {"exchange": case.names.exchange, "outcome": outcome},
+        )
+        for outcome in ("scheduled", "parked")
+    }
+    assert counted == {"scheduled": len(cases), "parked": len(bad)}  # --metrics-port serves
     reasons = {p.message_id: p.reason for p in found}
     assert set(reasons) == {f"{case.prefix}-{k}" for k in bad}
     assert "'abc' is not a whole number" in reasons[f"{case.prefix}-word"]
@@ -251,3 +260,13 @@ def test_declare_refuses_to_replace_another_policy(case: BridgeCase, admin: Brok
     theirs = admin.policy(name, pattern, {"alternate-exchange": "elsewhere"}, apply_to="exchanges")
     with theirs, pytest.raises(TopologyError, match=f"has the policy '{name}'"):
         case.declare("direct")
+
+
+def test_run_names_what_is_missing_and_the_command_that_declares_it(case: BridgeCase) -> None:
+    run = ["bridge", "run", "--exchange", case.names.exchange]
+    result = run_cli(settings_env(case.settings), *run)
+    assert result.returncode == 1
+    assert f"queue {case.names.inbox!r}" in result.stderr
+    assert f"exchange {case.names.delivery_exchange!r}" in result.stderr
+    assert f"run `rmqdelay bridge declare --exchange {case.names.exchange} --type" in result.stderr
+    assert "Traceback" not in result.stderr and "WARNING" not in result.stderr
