@@ -175,7 +175,8 @@ test-oldest: broker
 # `make test` runs the whole suite.
 DEPS_ENDS ?= oldest newest
 DEPS_TESTS ?= tests/unit tests/broker/test_delivery.py tests/broker/test_pika_paths.py \
-	tests/broker/test_publisher_recovery.py tests/broker/test_worker.py
+	tests/broker/test_publisher_recovery.py tests/broker/test_worker.py \
+	tests/broker/test_worker_broker_semantics.py
 test-deps: broker
 	@rc=0; for end in $(DEPS_ENDS); do \
 		venv=.venv-deps-$$end; py="$(BOOT_PYTHON)"; \
