@@ -15,6 +15,7 @@ worker's event loop runs stage 2; this thread tells it when its connection is lo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
 from ..core.bridge import CONTENT_TYPE, PROPERTY_NAMES, BridgeNames, Carried, carry
-from ..core.clock import now_ms
+from ..core.clock import now_ms, now_us
 from ..core.messages import amqp_properties
 from ..core.parking import parked_headers
 from ..core.wire import encode_properties
@@ -39,7 +40,7 @@ from ..errors import (
     WorkerError,
 )
 from ..settings import Settings
-from . import pika_headers
+from . import pika_headers, pika_private
 from .blocking import close_connection
 from .connections import connect_blocking
 from .passive import queue_exists
@@ -59,7 +60,8 @@ PAUSE_S = 1.0
 _VALIDATION = (InvalidMessageError, DelayError)
 """What publish_many raises before sending anything, for one request that cannot go."""
 
-Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes]
+Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes, int]
+"""A delivery and when it arrived (µs): its delay counts from there."""
 Counter = Callable[[str, int], None]
 Settle = Literal["ack", "requeue", "settled"]
 """How one inbox message is settled: ack it, give it back, or nothing (done already)."""
@@ -103,7 +105,9 @@ class InboxCarrier:
         self._stop = threading.Event()
         self._pending: list[Delivery] = []
         self._connection: pika.BlockingConnection | None = None
-        self._channel: BlockingChannel | None = None
+        self._channel: Any = None
+        """The consumer: the BlockingChannel, or the pika channel under it (fast path)."""
+        self._fast = False
         self._park: BlockingChannel | None = None
         self._publisher: Publisher | None = None
 
@@ -123,10 +127,21 @@ class InboxCarrier:
         self._publisher = Publisher(self.settings, connection=connection).connect()
         self._park = connection.channel()
         self._park.confirm_delivery()
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=self.prefetch)
-        channel.basic_consume(self.names.inbox, self._on_delivery)
-        self._channel = channel
+        if pika_private.usable(connection):
+            # the channel under the BlockingChannel: a delivery is taken as its frames
+            # arrive, also while the publisher waits for confirms, so its time is right
+            impl = pika_private.open_channel(connection, timeout)
+            ready: list[object] = []
+            impl.basic_qos(prefetch_count=self.prefetch, callback=ready.append)
+            impl.basic_consume(self.names.inbox, self._on_delivery, callback=ready.append)
+            pika_private.wait_until(connection, lambda: len(ready) == 2, timeout, "consuming")
+            self._channel = impl
+            self._fast = True
+        else:
+            channel = connection.channel()
+            channel.basic_qos(prefetch_count=self.prefetch)
+            channel.basic_consume(self.names.inbox, self._on_delivery)
+            self._channel = channel
 
     def stop(self) -> None:
         """Finish the batch in hand, then stop; what was taken and not acked goes back."""
@@ -140,7 +155,7 @@ class InboxCarrier:
         pika_headers.mend_this_thread()  # deliveries are decoded in this thread
         try:
             while not self._stop.is_set():
-                connection.process_data_events(time_limit=0 if self._pending else 0.1)
+                self._wait(connection)
                 if self._pending:
                     batch, self._pending = (
                         self._pending[: self.batch],
@@ -155,16 +170,29 @@ class InboxCarrier:
         finally:
             close_connection(connection, self.settings.confirm_timeout)
 
+    def _wait(self, connection: pika.BlockingConnection) -> None:
+        """Take what has arrived; wait up to 0.1 s when nothing has."""
+        if not self._fast:
+            connection.process_data_events(time_limit=0 if self._pending else 0.1)
+            return
+        with contextlib.suppress(TimeoutError):
+            pika_private.wait_until(
+                connection,
+                lambda: bool(self._pending) or self._stop.is_set(),
+                0 if self._pending else 0.1,
+                "inbox deliveries",
+            )
+
     # ------------------------------------------------------------------ stage 1
 
     def _on_delivery(
         self,
-        _channel: BlockingChannel,
+        _channel: Any,
         method: pika.spec.Basic.Deliver,
         props: pika.spec.BasicProperties,
         body: bytes,
     ) -> None:
-        self._pending.append((method, props, body))
+        self._pending.append((method, props, body, now_us()))
 
     def _carry(self, batch: list[Delivery]) -> None:
         """Schedule or park every message of ``batch``, then settle each."""
@@ -178,8 +206,9 @@ class InboxCarrier:
                 method.routing_key or "",
                 _properties(props),
                 body,
+                received_us=received,
             )
-            for method, props, body in batch
+            for method, props, body, received in batch
         ]
         done: list[Settle] = ["requeue"] * len(items)
         scheduled = [i for i, c in enumerate(items) if c.request is not None]
@@ -242,7 +271,7 @@ class InboxCarrier:
         ``parked replay`` sends it through stage 2): ``ack`` once it is. One that cannot
         be wrapped (a value AMQP cannot carry) is dead-lettered whole by the inbox, whose
         dead-letter exchange is parking: ``settled`` then."""
-        method, _props, _body = delivery
+        method = delivery[0]
         channel = self._park
         assert channel is not None and self._channel is not None
         names = self.names
@@ -292,7 +321,7 @@ class InboxCarrier:
             self.carried += len(batch)
             return
         requeued = 0
-        for (method, _props, _body), what in zip(batch, done, strict=True):
+        for (method, *_rest), what in zip(batch, done, strict=True):
             if what == "ack":
                 channel.basic_ack(int(method.delivery_tag or 0))
                 self.carried += 1

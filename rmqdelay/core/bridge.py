@@ -32,7 +32,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from ..errors import ConfigurationError, InvalidMessageError
-from .clock import timedelta_of_ms
+from .clock import datetime_of_us, timedelta_of_ms, us_of_ms
 from .durations import format_ms
 from .layout import Layout
 from .templates import new_message_id
@@ -432,11 +432,18 @@ def carry(
     routing_key: str,
     properties: Mapping[str, Any],
     body: bytes,
+    *,
+    received_us: int | None = None,
 ) -> Carried:
     """What stage 1 does with one message delivered from the inbox (``properties`` under
     :data:`PROPERTY_NAMES`, plus ``headers``): read its ``x-delay``, give it an id if it
     has none, wrap it, and make the request ``publish_many`` takes (the usual message:
-    the copy's own content type, no headers)."""
+    the copy's own content type, no headers).
+
+    ``received_us``: when the delivery arrived. The delay counts from there (the due time
+    is ``at=`` it plus ``x-delay``), not from when its batch is sent: a message that
+    waited for the batch before it is not late by that wait.
+    """
     given = properties.get("message_id")
     message_id = given if isinstance(given, str) and given else new_message_id()
     inbound = read_delay(properties.get("headers"), max_delay_ms)
@@ -446,11 +453,14 @@ def carry(
         return Carried(message_id, None, None, f"cannot be carried: {exc}")
     if inbound.delay_ms is None:
         return Carried(message_id, wrapped, None, inbound.reason)
-    request = {
+    request: dict[str, Any] = {
         "destination": destination,
         "body": wrapped,
-        "delay": timedelta_of_ms(inbound.delay_ms),
         "message_id": message_id,
         "content_type": CONTENT_TYPE,
     }
+    if received_us is None:
+        request["delay"] = timedelta_of_ms(inbound.delay_ms)
+    else:
+        request["at"] = datetime_of_us(received_us + us_of_ms(inbound.delay_ms))
     return Carried(message_id, wrapped, request)

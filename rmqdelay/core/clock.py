@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 __all__ = [
     "as_utc",
     "datetime_of_ms",
+    "datetime_of_us",
     "iso_of_ms",
     "ms_of_datetime",
     "ms_of_timedelta",
@@ -43,6 +44,15 @@ def now_ms() -> int:
 def datetime_of_ms(ms: int) -> datetime:
     """An aware UTC datetime for Unix ``ms``."""
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def datetime_of_us(us: int) -> datetime:
+    """An aware UTC datetime for Unix ``us``, exact (no float on the way): the x-delay
+    bridge's due times, from when a delivery arrived."""
+    return _EPOCH + timedelta(microseconds=us)
 
 
 def iso_of_ms(ms: int, timespec: str = "milliseconds") -> str:

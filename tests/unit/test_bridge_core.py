@@ -329,6 +329,9 @@ def test_carry_makes_the_usual_request_or_a_reason_to_park() -> None:
     assert request["delay"].total_seconds() == 1.5
     assert request["content_type"] == CONTENT_TYPE and "headers" not in request
     assert unwrap(request["body"], "m1").body == b"b"
+    timed = carry("bridge.ex", MAX, "ex", "k", {"headers": headers}, b"b", received_us=10**15)
+    assert timed.request is not None and "delay" not in timed.request
+    assert timed.request["at"] == datetime(2001, 9, 9, 1, 46, 41, 500000, tzinfo=timezone.utc)
     made_up = carry("bridge.ex", MAX, "ex", "k", {"headers": None}, b"b")
     assert made_up.message_id and made_up.request is not None
     assert made_up.request["delay"].total_seconds() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -76,3 +77,12 @@ def test_now_agrees_with_the_system_clock() -> None:
     after = time.time_ns()
     assert before // 1000 <= us <= after // 1000
     assert before // 10**6 <= ms <= after // 10**6
+
+
+@given(st.integers(min_value=0, max_value=4_102_444_800 * 10**6))  # to 2100
+def test_a_time_in_us_through_a_datetime_is_never_earlier(us: int) -> None:
+    """The x-delay bridge's due times: ``at=`` a datetime built from µs; the planner reads
+    it back (a float) and rounds up."""
+    at = clock.datetime_of_us(us)
+    assert at.tzinfo is not None
+    assert math.ceil(clock.us_of_datetime(at)) in (us, us + 1)
