@@ -32,6 +32,10 @@ WINDOW_MS = 3000
 """How long the node-wide timeout stays short: the test's channel must open within it."""
 SAFETY_MS = 120_000
 TICK_MS = 250
+SAVED = "rmqdelay_tests_saved"
+"""The ``rabbit`` application key that keeps the node's own timeout and tick."""
+TOKEN = "rmqdelay_tests_token"
+"""The latest :meth:`NodeTimeout.shorten`: an earlier one's timers must not undo it."""
 
 
 def by_consumer_argument(version: tuple[int, ...]) -> bool:
@@ -95,17 +99,31 @@ class NodeTimeout:
 
     def shorten(self, timeout_ms: int) -> None:
         """Channels opened within ``WINDOW_MS`` from now time out after ``timeout_ms``;
-        every channel's tick is ``TICK_MS`` until :meth:`restore`."""
+        every channel's tick is ``TICK_MS`` until :meth:`restore`.
+
+        The node's own values are kept under ``rabbit``'s ``SAVED`` the first time and
+        restored from there: a shorten within another's window would otherwise take the
+        short value for the node's own, and leave it (it did, once). The node's timers
+        restore only while no later shorten came (``TOKEN``): an earlier test's would
+        undo a later one's.
+        """
         said = self._eval(
-            "Timeout = application:get_env(rabbit, consumer_timeout), "
-            "Tick = application:get_env(rabbit, channel_tick_interval), "
+            f"Saved = case application:get_env(rabbit, {SAVED}) of "
+            "{ok, S} -> S; "
+            "undefined -> S0 = {application:get_env(rabbit, consumer_timeout), "
+            "application:get_env(rabbit, channel_tick_interval)}, "
+            f"application:set_env(rabbit, {SAVED}, S0), S0 end, "
+            "{Timeout, Tick} = Saved, "
+            "Token = erlang:unique_integer(), "
+            f"application:set_env(rabbit, {TOKEN}, Token), "
             f"application:set_env(rabbit, consumer_timeout, {timeout_ms}), "
             f"application:set_env(rabbit, channel_tick_interval, {TICK_MS}), "
             f"spawn(fun() -> timer:sleep({WINDOW_MS}), "
-            f"{_restore('consumer_timeout', 'Timeout')} end), "
+            f"case application:get_env(rabbit, {TOKEN}) of "
+            f"{{ok, Token}} -> {_restore('consumer_timeout', 'Timeout')}; _ -> ok end end), "
             f"spawn(fun() -> timer:sleep({SAFETY_MS}), "
-            f"case application:get_env(rabbit, channel_tick_interval) of "
-            f"{{ok, {TICK_MS}}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end end), "
+            f"case application:get_env(rabbit, {TOKEN}) of "
+            f"{{ok, Token}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end end), "
             'io:format("tick=~p timeout=~p~n", [Tick, Timeout]).'
         )
         value = r"(\{ok,\s*\d+\}|undefined)"
@@ -123,10 +141,19 @@ class NodeTimeout:
         await asyncio.to_thread(self.shorten, timeout_ms)
 
     def restore(self) -> None:
-        """The tick back to what it was; the timeout is back already."""
-        if self._tick is not None:
-            tick, self._tick = self._tick, None
-            self._eval(
-                f"Tick = {tick}, case application:get_env(rabbit, channel_tick_interval) of "
-                f"{{ok, {TICK_MS}}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end."
-            )
+        """The node's own tick and timeout back, checked (the timeout is back already,
+        unless the test ended within the window)."""
+        if self._tick is None or self._timeout is None:
+            return
+        tick, timeout, self._tick = self._tick, self._timeout, None
+        said = self._eval(
+            f"Tick = {tick}, Timeout = {timeout}, "
+            f"case application:get_env(rabbit, channel_tick_interval) of "
+            f"{{ok, {TICK_MS}}} -> {_restore('channel_tick_interval', 'Tick')}; _ -> ok end, "
+            f"{_restore('consumer_timeout', 'Timeout')}, "
+            'io:format("now=~p ~p~n", [application:get_env(rabbit, channel_tick_interval), '
+            "application:get_env(rabbit, consumer_timeout)]).",
+        )
+        assert f"now={tick} {timeout}" in said.replace(", ", ","), (
+            f"the node's tick and consumer timeout are not back to {tick} {timeout}: {said!r}"
+        )
