@@ -1,0 +1,497 @@
+"""The x-delay bridge's figures, side by side with rmqdelay's own publishers, in one run.
+
+    python -m bench.bridge                       # both measures, 3 rounds each, alternating
+    python -m bench.bridge --only carry --count 20000 --rounds 5
+    python -m bench.bridge --only lateness --rate 500 --duration 4
+
+* ``carry``: how fast two ``rmqdelay bridge run`` processes carry messages from the inbox
+  into the tiers (scheduled: confirmed there and journaled, then acked), against the sync
+  ``Publisher.publish_many`` of as many messages (``publish.sync.many.long``'s measure:
+  delays 10 min to 1 h, window 500) into the same topology. The inbox is filled first
+  with raw pika (delays 10 min to 1 h in ``x-delay``), then both bridges start; the rate
+  is timed from the first message scheduled to the last, from the bridges' own counter
+  (``rmqdelay_bridge_messages_total``, ``--metrics-port``). Target: at least 0.5 x.
+* ``lateness``: ``--rate`` messages per second fall due for ``--duration`` s, delays 1 to
+  4 s (the e2e workload), published at ``due - delay``. Directly: ``AsyncPublisher`` into
+  a destination's tiers, read off its work queue. Through the bridge: aio-pika publishes to
+  the bridge's exchange with ``x-delay`` (a plugin user's publisher), two bridge processes,
+  read off a quorum queue bound to the delivery exchange. Both are read by a bare aio-pika
+  consumer in this process, so the difference is the bridge's alone. Target: the bridge
+  adds at most 20 ms to p99 lateness.
+
+Everything is created under a fresh ``bench-bridge-<hex>`` prefix and removed at the end;
+the figures go to ``bench/results/bridge.json`` (``--out``). Public ground only: rmqdelay
+through what ``rmqdelay`` exports and its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pika
+from aio_pika.abc import AbstractExchange
+
+from bench.common import (
+    DEFAULT_AMQP_URL,
+    Management,
+    Record,
+    broker_info,
+    broker_pid,
+    lateness_stats,
+    machine_info,
+    machine_load,
+    now_ms,
+    proc_cpu_seconds,
+)
+from bench.measures import sync_many
+from bench.peers._amqp import AmqpPeer, make_message
+from bench.peers.base import Item, run_windowed, unique_prefix
+from bench.peers.rmqdelay_peer import RmqdelayPeer
+from bench.scenarios_peers import Sizes, steady_run
+from rmqdelay import Settings, TopologyManager
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bridge.json"
+CLI = (sys.executable, "-m", "rmqdelay.cli")
+BRIDGES = 2
+WINDOW = 500
+DEST = "bench"
+LONG_MS = (600_000, 3_600_000)
+_SCHEDULED = re.compile(r'^rmqdelay_bridge_messages_total\{[^}]*outcome="scheduled"[^}]*\} (\S+)$')
+
+
+def _env(settings_kwargs: dict[str, Any]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
+    if "RMQDELAY_MANAGEMENT_URL" in os.environ:
+        env["RMQDELAY_MANAGEMENT_URL"] = os.environ["RMQDELAY_MANAGEMENT_URL"]
+    env["RMQDELAY_URL"] = settings_kwargs["url"]
+    env["RMQDELAY_PREFIX"] = settings_kwargs["prefix"]
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Bridges:
+    """``rmqdelay bridge run`` processes for one exchange, each with its metrics port."""
+
+    procs: list[subprocess.Popen[bytes]]
+    ports: list[int]
+
+    def scheduled(self) -> float:
+        """The processes' ``scheduled`` counters, summed (a process not serving yet: 0)."""
+        total = 0.0
+        for port in self.ports:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                found = _SCHEDULED.match(line)
+                if found:
+                    total += float(found.group(1))
+        return total
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@contextlib.contextmanager
+def bridges(
+    env: dict[str, str], exchange: str, count: int = BRIDGES, *, metrics: bool = True
+) -> Iterator[Bridges]:
+    """``count`` bridge processes; ``metrics``: each serves its counters (and, as
+    ``--metrics-port`` does, refreshes the queue gauges every 15 s: a status snapshot
+    the lateness runs do without)."""
+    ports = [_free_port() for _ in range(count)] if metrics else []
+    procs = [
+        subprocess.Popen(
+            [*CLI, "bridge", "run", "--exchange", exchange]
+            + (["--metrics-port", str(ports[n])] if metrics else []),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
+        for n in range(count)
+    ]
+    found = Bridges(procs, ports)
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+def _consumers(url: str, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.consumer_count)
+    finally:
+        connection.close()
+
+
+def _ready(url: str, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Topology:
+    """One prefix: the destination ``bench`` for the direct measures, and one bridge."""
+
+    def __init__(self, url: str) -> None:
+        self.prefix = unique_prefix("bridge")
+        self.settings_kwargs: dict[str, Any] = {"url": url, "prefix": self.prefix}
+        self.settings = Settings(**self.settings_kwargs)
+        self.url = url
+        self.exchange = f"{self.prefix}-x"
+        self.delivery = f"{self.exchange}.delayed"
+        self.destination = f"bridge.{self.exchange}"
+        self.inbox = f"{self.prefix}.{self.destination}.inbox"
+        self.env = _env(self.settings_kwargs)
+        self.declared = False
+
+    def declare(self) -> None:
+        self.declared = True
+        with TopologyManager(self.settings) as manager:
+            manager.apply([DEST])
+        done = subprocess.run(
+            [*CLI, "bridge", "declare", "--exchange", self.exchange, "--type", "direct"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"bridge declare failed: {done.stderr.strip()}")
+
+    def destroy(self) -> None:
+        if not self.declared:
+            return
+        with contextlib.suppress(Exception), TopologyManager(self.settings) as manager:
+            manager.destroy([DEST, self.destination], force=True)
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        try:
+            channel = connection.channel()
+            channel.queue_delete(self.inbox)
+            for name in (self.exchange, self.delivery, self.inbox):
+                channel.exchange_delete(name)
+        finally:
+            connection.close()
+        api = Management(self.url)
+        with contextlib.suppress(Exception):
+            api.call("DELETE", f"policies/{quote(api.vhost, safe='')}/{quote(self.inbox, safe='')}")
+
+
+# ---------------------------------------------------------------------- carry
+
+
+def fill_inbox(topology: Topology, count: int, seed: int) -> None:
+    """``count`` messages into the bridge's exchange, as a plugin user publishes them
+    (x-delay 10 min to 1 h); then wait until the inbox holds them all."""
+    rng = random.Random(seed)
+    before = _ready(topology.url, topology.inbox)
+    connection = pika.BlockingConnection(pika.URLParameters(topology.url))
+    try:
+        channel = connection.channel()
+        body = b"x" * 100
+        for _ in range(count):
+            props = pika.BasicProperties(
+                headers={"x-delay": rng.randint(*LONG_MS)}, delivery_mode=2
+            )
+            channel.basic_publish(topology.exchange, "k", body, props)
+    finally:
+        connection.close()
+    _wait(lambda: _ready(topology.url, topology.inbox) >= before + count, 120, "a full inbox")
+
+
+def carry_once(topology: Topology, count: int, seed: int) -> dict[str, Any]:
+    fill_inbox(topology, count, seed)
+    broker = broker_pid(topology.url)
+    with bridges(topology.env, topology.exchange) as running:
+        deadline = time.monotonic() + 120
+        first = 0.0
+        while (first := running.scheduled()) == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bridges scheduled nothing in 120 s")
+            time.sleep(0.005)
+        pids = {"broker": broker, **{f"bridge{i}": p.pid for i, p in enumerate(running.procs)}}
+        cpu0 = {k: proc_cpu_seconds(pid) if pid else None for k, pid in pids.items()}
+        start = time.perf_counter()
+        while (done := running.scheduled()) < count:
+            if time.monotonic() > deadline + 300:
+                raise RuntimeError(f"the bridges scheduled {done} of {count}")
+            time.sleep(0.01)
+        wall = time.perf_counter() - start
+        cpu = {}
+        for key, pid in pids.items():
+            before, after = cpu0[key], proc_cpu_seconds(pid) if pid else None
+            if before is not None and after is not None:
+                cpu[key] = round((after - before) / (count - first) * 1e6, 1)
+    return {
+        "count": count,
+        "timed": round(count - first),
+        "wall_s": round(wall, 3),
+        "rate": round((count - first) / wall, 1),
+        "cpu_us_per_msg": cpu,
+    }
+
+
+def publish_once(topology: Topology, count: int) -> dict[str, Any]:
+    run = sync_many(topology.settings, count, WINDOW, True)
+    return {"count": count, "wall_s": round(run.wall, 3), "rate": round(run.rate, 1)}
+
+
+def carry(topology: Topology, count: int, rounds: int) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for n in range(rounds):
+        direct = publish_once(topology, count)
+        bridged = carry_once(topology, count, n)
+        runs.append({"publish_many": direct, "bridge": bridged})
+        print(
+            f"  round {n + 1}: sync publish_many {direct['rate']:,.0f} msgs/s, "
+            f"{BRIDGES} bridges {bridged['rate']:,.0f} msgs/s "
+            f"({bridged['rate'] / direct['rate']:.2f} x); CPU us/msg {bridged['cpu_us_per_msg']}",
+            file=sys.stderr,
+        )
+    direct_rate = statistics.median(r["publish_many"]["rate"] for r in runs)
+    bridge_rate = statistics.median(r["bridge"]["rate"] for r in runs)
+    return {
+        "count": count,
+        "bridges": BRIDGES,
+        "publish_many_rate": direct_rate,
+        "bridge_rate": bridge_rate,
+        "ratio": round(bridge_rate / direct_rate, 3),
+        "target": 0.5,
+        "runs": runs,
+    }
+
+
+# ---------------------------------------------------------------------- lateness
+
+
+class BridgePeer(AmqpPeer):
+    """A plugin user's publisher (aio-pika, x-delay header) and consumer (a quorum queue
+    bound to the delivery exchange), with the bridges in between."""
+
+    slug = "bridge"
+
+    def __init__(self, topology: Topology, count: int = BRIDGES, **kwargs: Any) -> None:
+        self.topology = topology
+        self.count = count
+        super().__init__(topology.url, **kwargs)
+        self.name = f"bridge-{count}"
+        self.description = (
+            f"{count} `rmqdelay bridge run` processes between an aio-pika publisher "
+            "(x-delay header, confirms) and a quorum queue bound to the delivery exchange"
+        )
+        self._bridges: contextlib.ExitStack | None = None
+        self._exchange: AbstractExchange | None = None
+
+    async def _declare(self) -> None:
+        t = self.topology
+        queue = f"{self.prefix}.consumer"
+        await self._declare_queue(queue, {"x-queue-type": "quorum"})
+        await self.pub.get_exchange(t.delivery, ensure=True)
+        declared = await self.pub.get_queue(queue, ensure=False)
+        await declared.bind(t.delivery, routing_key="k")
+        self._exchange = await self.pub.get_exchange(t.exchange, ensure=False)
+        self._bridges = contextlib.ExitStack()
+        self._bridges.enter_context(bridges(t.env, t.exchange, self.count, metrics=False))
+        work = t.settings.layout.work_queue(t.destination)
+        n = self.count
+        await asyncio.to_thread(
+            _wait,
+            lambda: _consumers(t.url, t.inbox) == n and _consumers(t.url, work) == n,
+            60,
+            "the bridges",
+        )
+        await self._consume(queue)
+
+    async def publish(self, batch: Sequence[Item]) -> None:
+        async def send(item: Item) -> None:
+            message_id, delay_ms = item
+            published = now_ms()
+            message = make_message(
+                message_id,
+                published,
+                published + delay_ms,
+                self.body,
+                extra_headers={"x-delay": delay_ms},
+            )
+            assert self._exchange is not None, "setup() first"
+            await self._exchange.publish(message, routing_key="k")
+
+        await run_windowed(send, batch, self.window)
+
+    async def drain(self, expected_ids: Collection[str], timeout: float) -> list[Record]:
+        return await self.arrivals.wait_for(expected_ids, timeout)
+
+    async def teardown(self) -> None:
+        if self._bridges is not None:
+            await asyncio.to_thread(self._bridges.close)
+            self._bridges = None
+        await super().teardown()
+
+
+async def lateness(
+    topology: Topology, rate: float, duration: float, rounds: int, count: int = BRIDGES
+) -> dict[str, Any]:
+    sizes = Sizes(rate=rate, duration_s=duration, min_delay_ms=1000, max_delay_ms=4000)
+    direct = RmqdelayPeer(topology.url, worker="aiopika", label="direct")
+    bridged = BridgePeer(topology, count)
+    runs: list[dict[str, Any]] = []
+    try:
+        await direct.setup()
+        await bridged.setup()
+        for n in range(rounds):
+            row: dict[str, Any] = {}
+            for name, peer in (("direct", direct), ("bridge", bridged)):
+                summary, records = await steady_run(peer, sizes, seed=n, tag=f"{name}{n}")
+                stats = lateness_stats(records, expected=summary["n"]).to_dict()
+                row[name] = {"stats": stats, "received": summary["received"]}
+            runs.append(row)
+            print(
+                f"  round {n + 1}: p99 direct {row['direct']['stats']['p99_ms']} ms, "
+                f"bridge {row['bridge']['stats']['p99_ms']} ms",
+                file=sys.stderr,
+            )
+    finally:
+        await bridged.teardown()
+        await direct.teardown()
+
+    def median(name: str, q: str) -> float:
+        return float(statistics.median(r[name]["stats"][q] for r in runs))
+
+    out: dict[str, Any] = {
+        "rate": rate,
+        "duration_s": duration,
+        "delay_ms": [1000, 4000],
+        "bridges": count,
+    }
+    for name in ("direct", "bridge"):
+        out[name] = {q: median(name, q) for q in ("p50_ms", "p99_ms", "max_ms")}
+        out[name]["early"] = sum(r[name]["stats"]["early"] for r in runs)
+        out[name]["missing"] = sum(r[name]["stats"]["missing"] for r in runs)
+    for q in ("p50", "p99"):
+        added = [r["bridge"]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
+        out[f"added_{q}_ms"] = statistics.median(added)
+        out[f"added_{q}_ms_runs"] = added
+    out["target_ms"] = 20  # at p99
+    out["runs"] = runs
+    return out
+
+
+# ---------------------------------------------------------------------- main
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    topology = Topology(args.url)
+    result: dict[str, Any] = {
+        "machine": machine_info(),
+        "broker": await broker_info(args.url),
+        "load_before": machine_load(),
+        "params": {"count": args.count, "rounds": args.rounds, "rate": args.rate},
+    }
+    try:
+        await asyncio.to_thread(topology.declare)
+        if "carry" in args.only:
+            print(f"carry: {args.count:,} messages, {args.rounds} rounds", file=sys.stderr)
+            result["carry"] = await asyncio.to_thread(carry, topology, args.count, args.rounds)
+        if "lateness" in args.only:
+            print(f"lateness at {args.rate:g} msgs/s, {args.rounds} rounds", file=sys.stderr)
+            result["lateness"] = await lateness(
+                topology, args.rate, args.duration, args.rounds, args.lateness_bridges
+            )
+    finally:
+        await asyncio.to_thread(topology.destroy)
+    return result
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = []
+    if "carry" in result:
+        c = result["carry"]
+        lines.append(
+            f"carry into the tiers: {c['bridges']} bridges {c['bridge_rate']:,.0f} msgs/s, sync "
+            f"publish_many {c['publish_many_rate']:,.0f} msgs/s: {c['ratio']:.2f} x "
+            f"(target >= {c['target']} x: {'met' if c['ratio'] >= c['target'] else 'missed'})"
+        )
+    if "lateness" in result:
+        lt = result["lateness"]
+        d, b = lt["direct"], lt["bridge"]
+        lines.append(
+            f"lateness at {lt['rate']:g} msgs/s ({lt['bridges']} bridges), p50 / p99 / max ms: "
+            "direct "
+            f"{d['p50_ms']:.0f} / {d['p99_ms']:.0f} / {d['max_ms']:.0f}, bridge "
+            f"{b['p50_ms']:.0f} / {b['p99_ms']:.0f} / {b['max_ms']:.0f}; the bridge adds "
+            f"{lt['added_p50_ms']:.0f} ms at p50 and "
+            f"{lt['added_p99_ms']:.0f} ms at p99 (target <= {lt['target_ms']} ms: "
+            f"{'met' if lt['added_p99_ms'] <= lt['target_ms'] else 'missed'}); early "
+            f"{d['early']} / {b['early']}, missing {d['missing']} / {b['missing']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.bridge", description=__doc__)
+    p.add_argument("--url", default=os.environ.get("BENCH_AMQP_URL", DEFAULT_AMQP_URL))
+    p.add_argument("--only", default="carry,lateness", type=lambda s: s.split(","))
+    p.add_argument("--count", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rate", type=float, default=500)
+    p.add_argument("--duration", type=float, default=4)
+    p.add_argument("--lateness-bridges", type=int, default=BRIDGES)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    result = asyncio.run(main_async(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
