@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pika.exceptions
-
 from ..core.bridge import BridgeNames, BridgeTopology, Policy, bridge_topology, unwanted_bindings
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
 from .blocking import close_connection
+from .connections import connect_blocking
 from .management import ManagementApi
+from .passive import exchange_exists, queue_exists
 from .topology_manager import TopologyManager
 
 __all__ = ["BridgeDeclared", "declare_bridge", "missing_objects", "policy_command"]
@@ -182,9 +182,6 @@ def _bound_elsewhere(api: ManagementApi, names: BridgeNames) -> list[str]:
 def missing_objects(settings: Settings, names: BridgeNames) -> list[str]:
     """What ``bridge run`` needs and does not find (passive checks: no configure
     permission needed), each named; empty when all is there."""
-    from .connections import connect_blocking
-    from .passive import queue_exists
-
     layout, timeout = settings.layout, settings.confirm_timeout
     quiet = logging.getLogger("pika.channel")  # it logs each 404 as a warning
     level = quiet.level
@@ -196,16 +193,11 @@ def missing_objects(settings: Settings, names: BridgeNames) -> list[str]:
             for queue in (names.inbox, layout.work_queue(names.destination))
             if not queue_exists(connection, queue, timeout)
         ]
-        for exchange in (names.exchange, names.delivery_exchange):
-            channel = connection.channel()
-            try:
-                channel.exchange_declare(exchange, passive=True)
-            except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != 404:
-                    raise
-                missing.append(f"exchange {exchange!r}")
-            else:
-                channel.close()
+        missing += [
+            f"exchange {exchange!r}"
+            for exchange in (names.exchange, names.delivery_exchange)
+            if not exchange_exists(connection, exchange)
+        ]
     finally:
         close_connection(connection, timeout)
         quiet.setLevel(level)

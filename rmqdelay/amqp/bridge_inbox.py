@@ -99,10 +99,6 @@ class InboxCarrier:
         self.prefetch = prefetch
         self.batch = max(1, min(batch, prefetch))
         self.count = count
-        self.carried = 0
-        """Inbox messages settled (scheduled or parked) by this carrier."""
-        self.error: BaseException | None = None
-        """Why the thread ended, if not by :meth:`stop`."""
         self._last = last or []
         self._stop = threading.Event()
         self._pending: list[Delivery] = []
@@ -165,7 +161,6 @@ class InboxCarrier:
                     )
                     self._carry(batch)
         except BaseException as exc:
-            self.error = exc
             if not isinstance(exc, (*LOST, RmqDelayError)):
                 log.exception("bridge: internal error in the inbox; reconnecting")
             on_lost(exc)
@@ -332,13 +327,11 @@ class InboxCarrier:
         assert channel is not None
         if all(d == "ack" for d in done):
             channel.basic_ack(int(batch[-1][0].delivery_tag or 0), multiple=True)
-            self.carried += len(batch)
             return
         requeued = 0
         for (method, *_rest), what in zip(batch, done, strict=True):
             if what == "ack":
                 channel.basic_ack(int(method.delivery_tag or 0))
-                self.carried += 1
             elif what == "requeue":
                 channel.basic_reject(int(method.delivery_tag or 0), requeue=True)
                 requeued += 1

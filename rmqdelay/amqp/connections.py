@@ -52,6 +52,7 @@ __all__ = [
     "connect_async",
     "connect_blocking",
     "connection_failure",
+    "user_of",
 ]
 
 CONNECT_TIMEOUT_S = 10.0
@@ -81,6 +82,11 @@ def address_of(connection: object) -> str | None:
 
 
 # --------------------------------------------------------------------------- why it failed
+
+
+def user_of(address: str) -> str:
+    """The user an AMQP URL logs in as (``guest`` when it names none)."""
+    return _user_and_vhost(address)[0]
 
 
 def _user_and_vhost(address: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""Passive checks: does a queue exist, and how many messages are ready in it?
+"""Passive checks: does a queue exist, and how many messages are ready in it? Does an
+exchange exist?
 
 A failed passive declare makes the broker close its channel (404 missing, 403
 refused), so each check opens a throwaway channel, never the caller's. One helper per
@@ -19,7 +20,14 @@ from . import pika_private
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
-__all__ = ["queue_exists", "queue_exists_async", "ready_messages", "ready_messages_async"]
+__all__ = [
+    "exchange_exists",
+    "exchange_exists_async",
+    "queue_exists",
+    "queue_exists_async",
+    "ready_messages",
+    "ready_messages_async",
+]
 
 
 def ready_messages(connection: pika.BlockingConnection, queue: str, timeout: float) -> int | None:
@@ -98,3 +106,29 @@ async def ready_messages_async(
 async def queue_exists_async(connection: AbstractConnection, queue: str, timeout: float) -> bool:
     """Whether ``queue`` exists (a passive declare on a channel of its own)."""
     return await ready_messages_async(connection, queue, timeout) is not None
+
+
+def exchange_exists(connection: pika.BlockingConnection, exchange: str) -> bool:
+    """Whether ``exchange`` exists (a passive declare on a channel of its own)."""
+    channel = connection.channel()
+    try:
+        channel.exchange_declare(exchange, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code != 404:
+            raise
+        return False
+    channel.close()
+    return True
+
+
+async def exchange_exists_async(connection: AbstractConnection, exchange: str) -> bool:
+    """Whether ``exchange`` exists (a passive declare on a channel of its own)."""
+    import aiormq
+
+    channel = await connection.channel(publisher_confirms=False)
+    try:
+        await channel.get_exchange(exchange, ensure=True)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return False
+    await channel.close()
+    return True

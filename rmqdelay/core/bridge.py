@@ -35,6 +35,7 @@ from ..errors import ConfigurationError, InvalidMessageError
 from .clock import datetime_of_us, timedelta_of_ms, us_of_ms
 from .durations import format_ms
 from .layout import Layout
+from .routing import validate_destination
 from .templates import new_message_id
 from .topology import Binding, Exchange, Queue, Topology, queue_arguments
 from .wire import encode_properties
@@ -153,8 +154,6 @@ def bridge_names(
 ) -> BridgeNames:
     """Check the names and derive the defaults: ``DNAME = NAME.delayed``, the destination
     ``bridge.NAME``, the inbox ``{prefix}.{destination}.inbox``."""
-    from .routing import validate_destination
-
     _check_exchange("--exchange", exchange)
     delivery = delivery_exchange if delivery_exchange is not None else exchange + DELIVERY_SUFFIX
     _check_exchange("--delivery-exchange", delivery)

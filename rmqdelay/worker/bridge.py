@@ -31,6 +31,8 @@ from typing_extensions import Unpack
 
 from ..amqp.aio_publisher import EncodedProperties, send_encoded
 from ..amqp.bridge_inbox import BATCH, PREFETCH, InboxCarrier
+from ..amqp.connections import address_of, user_of
+from ..amqp.passive import exchange_exists_async
 from ..core.bridge import BridgeNames, Restored, bridge_names, unwrap
 from ..core.retry import Park
 from ..errors import (
@@ -84,27 +86,23 @@ class Inbox(WorkerHook):
         self.prefetch = prefetch
         self.batch = batch
         self.outbox: Outbox | None = None
-        self.carried = 0
-        """Inbox messages settled (scheduled or parked) since the start, all connections."""
         self._carrier: InboxCarrier | None = None
         self._thread: threading.Thread | None = None
 
     def _count(self, outcome: str, n: int) -> None:
         if n:
             BRIDGED.labels(self.names.exchange, outcome).inc(n)
-            if outcome != "requeued":
-                self.carried += n
 
     async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
-        names = self.names
-        if not await _exchange_exists(connection, names.delivery_exchange):
+        names, timeout = self.names, self.settings.confirm_timeout
+        delivery = exchange_exists_async(connection, names.delivery_exchange)
+        if not await asyncio.wait_for(delivery, timeout):
             raise WorkerError(
                 f"the delivery exchange {names.delivery_exchange!r} does not exist: "
                 + DECLARE_HINT.format(exchange=names.exchange)
             )
-        self.outbox = Outbox(
-            connection, names, self.settings.confirm_timeout, _user_of(self.settings)
-        )
+        address = address_of(connection) or self.settings.urls[0]
+        self.outbox = Outbox(connection, names, self.settings.confirm_timeout, user_of(address))
         carrier = InboxCarrier(
             self.settings, names, prefetch=self.prefetch, batch=self.batch, count=self._count
         )
@@ -138,23 +136,6 @@ class Inbox(WorkerHook):
             await asyncio.to_thread(thread.join, STOP_S)
         if self.outbox is not None:
             await self.outbox.close()
-
-
-async def _exchange_exists(connection: AbstractConnection, name: str) -> bool:
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        await channel.get_exchange(name, ensure=True)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return False
-    with contextlib.suppress(*_CLOSE):
-        await channel.close()
-    return True
-
-
-def _user_of(settings: Settings) -> str:
-    from urllib.parse import unquote, urlsplit
-
-    return unquote(urlsplit(settings.urls[0]).username or "guest")
 
 
 class Outbox:
