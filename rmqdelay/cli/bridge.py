@@ -7,16 +7,31 @@ policymaker tag); ``run`` is the long-lived process, as many as wanted.
 from __future__ import annotations
 
 import logging
-import os
-import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from .options import Group, broker_options, epilog, friendly_errors, settings_from
-from .worker import LOG_LEVELS
+from .options import (
+    Group,
+    broker_options,
+    epilog,
+    friendly_errors,
+    management_url_option,
+    settings_from,
+)
+from .worker import (
+    LOG_LEVELS,
+    check_logging,
+    leave,
+    log_format_option,
+    log_level_option,
+    metrics_port_option,
+    run_to_end,
+    serve_metrics,
+    shutdown_timeout_option,
+    start_logging,
+)
 
 if TYPE_CHECKING:
     from ..settings import Settings
@@ -74,12 +89,7 @@ TYPES = ("direct", "topic", "fanout", "headers")
 @_delivery
 @_destination
 @broker_options
-@click.option(
-    "--management-url",
-    metavar="URL",
-    help="Management API (for the direct type's policy and the bindings check). "
-    "Env: RMQDELAY_MANAGEMENT_URL.",
-)
+@management_url_option("for a direct exchange's policy and to list what is bound to NAME")
 @friendly_errors
 def bridge_declare(
     exchange: str,
@@ -141,36 +151,14 @@ def bridge_declare(
     metavar="N",
     help="Inbox messages held unacked at once (scheduled in batches of up to 500).",
 )
-@click.option(
-    "--log-level",
-    default="WARNING",
-    metavar="LEVEL",
-    help=f"One of {', '.join(LOG_LEVELS)}; INFO logs every message delivered.",
-)
-@click.option("--log-format", default="text", metavar="FORMAT", help="text (key=value) or json.")
-@click.option(
-    "--shutdown-timeout",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    metavar="SECONDS",
-    help="Seconds in-flight messages get to finish.",
-)
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65_535),
-    metavar="PORT",
-    help="Serve Prometheus metrics on this port.",
-)
+@log_level_option("WARNING", f"One of {', '.join(LOG_LEVELS)}; INFO logs every message delivered.")
+@log_format_option
+@shutdown_timeout_option("Seconds in-flight messages get to finish.")
+@metrics_port_option
 @broker_options
 def bridge_run(exchange: str, **options: Any) -> None:
     """Run the bridge until SIGTERM; several may run at once."""
-    code = _run_bridge(exchange, **options)
-    if code is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
+    leave(_run_bridge(exchange, **options))
 
 
 def _check(settings: Settings, bridge: Bridge) -> None:
@@ -216,22 +204,11 @@ def _run_bridge(
     config: Path | None,
 ) -> int | None:
     """Run the bridge; an exit code to leave with at once, or None for a clean 0."""
-    from .options import usage_error
-
-    if log_format not in ("text", "json"):
-        raise usage_error(f"bad --log-format {log_format!r}: use text or json")
-    if log_level.upper() not in LOG_LEVELS:
-        raise usage_error(f"bad --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+    check_logging(log_level, log_format)
     from ..worker.bridge import Bridge
-    from ..worker.logs import configure_logging
 
     settings = settings_from(url, prefix, config)
-    configure_logging(
-        log_level,
-        "json" if log_format == "json" else "text",
-        settings.url,
-        settings.management_url,
-    )
+    start_logging(log_level, log_format, settings)
     bridge = Bridge(
         settings,
         exchange,
@@ -240,22 +217,8 @@ def _run_bridge(
         inbox_prefetch=inbox_prefetch,
     )
     _check(settings, bridge)
-    if metrics_port is not None:
-        from ..amqp.status import gather_status
-        from ..worker.metrics import refresh_queue_gauges, serve_metrics
-
-        serve_metrics(metrics_port)
-        log.info("serving Prometheus metrics on port %d", metrics_port)
-        refresh_queue_gauges(
-            lambda: gather_status(settings, journal_oldest=False), 15.0, threading.Event()
-        )
+    serve_metrics(metrics_port, settings)
     runner = bridge.runner(
         concurrency=concurrency, prefetch=concurrency, shutdown_timeout=shutdown_timeout
     )
-
-    import asyncio
-
-    code = asyncio.run(runner.run_until_signalled())
-    if code == 0 and not runner.abandoned:
-        return None
-    return code or 1
+    return run_to_end(runner)

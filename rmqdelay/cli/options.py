@@ -43,6 +43,7 @@ __all__ = [
     "epilog",
     "err",
     "friendly_errors",
+    "management_url_option",
     "out",
     "settings_from",
     "usage_error",
@@ -125,6 +126,16 @@ def broker_options(func: F) -> F:
     ):
         func = option(func)
     return func
+
+
+def management_url_option(what: str) -> Callable[[F], F]:
+    """``--management-url``, for ``what`` the command needs the API for."""
+    return click.option(
+        "--management-url",
+        metavar="URL",
+        help=f"Management API of any node, {what}; several (commas) are tried in order "
+        "(default: each AMQP host, port 15672, https for amqps). Env: RMQDELAY_MANAGEMENT_URL.",
+    )
 
 
 def epilog(note: str, *examples: str) -> str:

@@ -14,6 +14,7 @@ from .options import (
     epilog,
     err,
     friendly_errors,
+    management_url_option,
     out,
     settings_from,
     usage_error,
@@ -39,13 +40,7 @@ _destinations = click.option(
     metavar="DESTINATION",
     help="A destination (work queue); repeat for more.",
 )
-_management_url = click.option(
-    "--management-url",
-    metavar="URL",
-    help="Management API of any node, to list bindings and work queues; several (commas) "
-    "are tried in order (default: each AMQP host, port 15672, https for amqps). "
-    "Env: RMQDELAY_MANAGEMENT_URL.",
-)
+_management_url = management_url_option("to list bindings and work queues")
 _STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unchecked": "dim"}
 
 

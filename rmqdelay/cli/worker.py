@@ -7,8 +7,9 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 
@@ -23,11 +24,22 @@ from .options import (
     usage_error,
 )
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 if TYPE_CHECKING:
     from ..settings import Settings
     from ..worker.app import Worker
+    from ..worker.runner import RunningWorker
 
-__all__ = ["load_worker", "worker_command"]
+__all__ = [
+    "check_logging",
+    "leave",
+    "load_worker",
+    "run_to_end",
+    "serve_metrics",
+    "start_logging",
+    "worker_command",
+]
 
 # The worker (aio-pika, pydantic, the settings) is imported when the command runs, not
 # for ``rmqdelay --help``: see options.
@@ -45,6 +57,31 @@ WORKER_EPILOG = epilog(
     "rmqdelay worker myapp.tasks:app --queues orders-timeout,invoices --log-level DEBUG",
     "RMQDELAY_URL=amqps://user:pass@broker/%2F rmqdelay worker myapp.tasks:app --metrics-port 9100",
 )
+
+
+def log_level_option(default: str, help: str) -> Callable[[F], F]:
+    return click.option("--log-level", default=default, metavar="LEVEL", help=help)
+
+
+log_format_option = click.option(
+    "--log-format", default="text", metavar="FORMAT", help="text (key=value) or json."
+)
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65_535),
+    metavar="PORT",
+    help="Serve Prometheus metrics on this port.",
+)
+
+
+def shutdown_timeout_option(help: str) -> Callable[[F], F]:
+    return click.option(
+        "--shutdown-timeout",
+        type=click.FloatRange(min=0),
+        default=30.0,
+        metavar="SECONDS",
+        help=help,
+    )
 
 
 class AppLoadError(WorkerError):
@@ -159,17 +196,9 @@ def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> N
     metavar="NAMES",
     help="Only these destinations, comma-separated (default: every handler's).",
 )
-@click.option(
-    "--log-level", default="INFO", metavar="LEVEL", help=f"One of {', '.join(LOG_LEVELS)}."
-)
-@click.option("--log-format", default="text", metavar="FORMAT", help="text (key=value) or json.")
-@click.option(
-    "--shutdown-timeout",
-    type=click.FloatRange(min=0),
-    default=30.0,
-    metavar="SECONDS",
-    help="Seconds in-flight handlers get to finish.",
-)
+@log_level_option("INFO", f"One of {', '.join(LOG_LEVELS)}.")
+@log_format_option
+@shutdown_timeout_option("Seconds in-flight handlers get to finish.")
 @click.option(
     "--consumer-timeout",
     type=click.FloatRange(min=0.001, max=2**31 / 1000),
@@ -177,23 +206,65 @@ def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> N
     help="Ask the broker to take a message back from a handler running this long "
     "(RabbitMQ 4.3 on quorum queues; default: the broker's consumer_timeout, 30 min).",
 )
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(1, 65_535),
-    metavar="PORT",
-    help="Serve Prometheus metrics on this port.",
-)
+@metrics_port_option
 @broker_options
 def worker_command(app_path: str, **options: Any) -> None:
     """Consume work queues and run their handlers, at least once."""
-    code = _run_worker(app_path, **options)  # the options, typed, are _run_worker's
+    leave(_run_worker(app_path, **options))  # the options, typed, are _run_worker's
+
+
+def leave(code: int | None) -> None:
+    """Return for a clean 0; else flush and exit with ``code`` at once: threads of sync
+    handlers that outlived the shutdown cannot be stopped."""
     if code is None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
-    # Threads of sync handlers that outlived the shutdown cannot be stopped: leave now.
     os._exit(code)
+
+
+def check_logging(log_level: str, log_format: str) -> None:
+    """A usage error (exit 2) for a --log-level or --log-format it does not know."""
+    if log_format not in ("text", "json"):
+        raise usage_error(f"bad --log-format {log_format!r}: use text or json")
+    if log_level.upper() not in LOG_LEVELS:
+        raise usage_error(f"bad --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
+
+
+def start_logging(log_level: str, log_format: str, settings: Settings) -> None:
+    """Log lines to stderr, every URL of the settings masked in them."""
+    from ..worker.logs import configure_logging
+
+    fmt: Literal["text", "json"] = "json" if log_format == "json" else "text"
+    configure_logging(log_level, fmt, settings.url, settings.management_url)
+
+
+def serve_metrics(port: int | None, settings: Settings) -> None:
+    """``--metrics-port``: the worker's metrics, and the queue gauges refreshed every 15 s
+    (scheduled and past-time per tier, and parked: the management API when it answers,
+    as only it counts past-time messages, else passive declares)."""
+    if port is None:
+        return
+    from ..amqp.status import gather_status
+    from ..worker.metrics import refresh_queue_gauges
+    from ..worker.metrics import serve_metrics as start_server
+
+    start_server(port)
+    log.info("serving Prometheus metrics on port %d", port)
+    refresh_queue_gauges(
+        lambda: gather_status(settings, journal_oldest=False), 15.0, threading.Event()
+    )
+
+
+def run_to_end(runner: RunningWorker) -> int | None:
+    """Run until signalled; None for a clean 0, else the exit code to leave with."""
+    import asyncio
+
+    code = asyncio.run(runner.run_until_signalled())
+    if code == 0 and not runner.abandoned:
+        return None
+    return code or 1
 
 
 @friendly_errors
@@ -213,35 +284,13 @@ def _run_worker(
     config: Path | None,
 ) -> int | None:
     """Run the worker; return an exit code to leave with at once, or None for a clean 0."""
-    if log_format not in ("text", "json"):
-        raise usage_error(f"bad --log-format {log_format!r}: use text or json")
-    if log_level.upper() not in LOG_LEVELS:
-        raise usage_error(f"bad --log-level {log_level!r}: use one of {', '.join(LOG_LEVELS)}")
-    from ..worker.logs import configure_logging
-
+    check_logging(log_level, log_format)
     worker = load_worker(app_path)
     settings = _worker_settings(worker, url, prefix, config)
-    configure_logging(
-        log_level,
-        "json" if log_format == "json" else "text",
-        settings.url,
-        settings.management_url,
-    )
+    start_logging(log_level, log_format, settings)
     names = _queues(queues)
     _describe(worker, settings, names)
-    if metrics_port is not None:
-        from ..amqp.status import gather_status
-        from ..worker.metrics import refresh_queue_gauges, serve_metrics
-
-        serve_metrics(metrics_port)
-        log.info("serving Prometheus metrics on port %d", metrics_port)
-        # scheduled and past-time per tier, and parked: the management API when it
-        # answers (only it counts past-time messages), else passive declares
-        refresh_queue_gauges(
-            lambda: gather_status(settings, journal_oldest=False),
-            15.0,
-            threading.Event(),
-        )
+    serve_metrics(metrics_port, settings)
     runner = worker.runner(
         settings,
         concurrency=concurrency,
@@ -250,10 +299,4 @@ def _run_worker(
         shutdown_timeout=shutdown_timeout,
         consumer_timeout=consumer_timeout,
     )
-
-    import asyncio
-
-    code = asyncio.run(runner.run_until_signalled())
-    if code == 0 and not runner.abandoned:
-        return None
-    return code or 1
+    return run_to_end(runner)
