@@ -172,13 +172,22 @@ class ManagementApi:
 
     def get(self, path: str) -> Any:
         """GET ``/api/{path}`` and decode its JSON (of the first API that answers)."""
+        return json.loads(self._call("GET", path))
+
+    def _call(self, method: str, path: str, body: Any = None) -> bytes:
+        """``method`` on ``/api/{path}``, ``body`` sent as JSON; the answer's bytes."""
         if not self._checked and len(self._locations) > 1:
             _ = self.problem  # choose the API first
+        headers = {"Authorization": f"Basic {self._auth}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
         request = urllib.request.Request(
-            f"{self.base}/api/{path}", headers={"Authorization": f"Basic {self._auth}"}
+            f"{self.base}/api/{path}", data=data, method=method, headers=headers
         )
         with urllib.request.urlopen(request, timeout=self.timeout, context=self._context) as r:
-            return json.load(r)
+            return bytes(r.read())
 
     @property
     def problem(self) -> str | None:
@@ -226,18 +235,7 @@ class ManagementApi:
     def send(self, method: str, path: str, body: Any = None) -> None:
         """PUT or DELETE ``/api/{path}`` with a JSON body: the x-delay bridge's policy, the
         one write rmqdelay makes through the API. Raises urllib's HTTPError."""
-        if not self._checked and len(self._locations) > 1:
-            _ = self.problem  # choose the API first
-        headers = {"Authorization": f"Basic {self._auth}"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        request = urllib.request.Request(
-            f"{self.base}/api/{path}", data=data, method=method, headers=headers
-        )
-        with urllib.request.urlopen(request, timeout=self.timeout, context=self._context):
-            pass
+        self._call(method, path, body)
 
     def path(self, kind: str, name: str = "") -> str:
         """``kind/<vhost>/<name>``, each quoted, for :meth:`get` and :meth:`send`."""
