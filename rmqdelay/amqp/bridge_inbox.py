@@ -115,9 +115,15 @@ class InboxCarrier:
         """Connect, check the inbox, start consuming; raise what the worker reports."""
         connection = connect_blocking(self.settings, "bridge", last=self._last)
         self._connection = connection
+        try:
+            self._start(connection)
+        except BaseException:
+            close_connection(connection, self.settings.confirm_timeout)
+            raise
+
+    def _start(self, connection: pika.BlockingConnection) -> None:
         timeout = self.settings.confirm_timeout
         if not queue_exists(connection, self.names.inbox, timeout):
-            close_connection(connection, timeout)
             raise WorkerError(
                 f"the bridge's inbox queue {self.names.inbox!r} does not exist: run "
                 f"`rmqdelay bridge declare --exchange {self.names.exchange} --type TYPE`"

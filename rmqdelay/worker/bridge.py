@@ -103,8 +103,16 @@ class Inbox(WorkerHook):
             )
         address = address_of(connection) or self.settings.urls[0]
         self.outbox = Outbox(connection, names, self.settings.confirm_timeout, user_of(address))
+        # stage 1 to the node the worker chose first (it leaves a node cut off from the
+        # cluster's majority, and reconnects both)
+        others = [url for url in self.settings.urls if url != address]
         carrier = InboxCarrier(
-            self.settings, names, prefetch=self.prefetch, batch=self.batch, count=self._count
+            self.settings,
+            names,
+            prefetch=self.prefetch,
+            batch=self.batch,
+            count=self._count,
+            last=others,
         )
         await asyncio.to_thread(carrier.open)  # WorkerError, or a connection error: retried
         loop = asyncio.get_running_loop()
