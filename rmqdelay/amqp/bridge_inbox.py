@@ -8,7 +8,7 @@ back to the inbox (``basic.reject``, which counts toward its delivery limit).
 
 pika, not aio-pika: its consumer costs less than half of aiormq's client CPU per
 delivery (measured 22 against 54 µs), and stage 1 is where the bridge's throughput is
-decided; pika reads header floats as ints, which :mod:`.pika_headers` mends. The
+decided; pika reads header floats as ints, which :mod:`.pika_private` mends. The
 worker's event loop runs stage 2; this thread tells it when its connection is lost
 (``on_lost``), and the worker reconnects both.
 """
@@ -40,7 +40,7 @@ from ..errors import (
     WorkerError,
 )
 from ..settings import Settings
-from . import pika_headers, pika_private
+from . import pika_private
 from .blocking import close_connection
 from .connections import connect_blocking
 from .passive import queue_exists
@@ -156,7 +156,7 @@ class InboxCarrier:
         (or any error) ends it and calls ``on_lost`` with why."""
         connection = self._connection
         assert connection is not None, "open() first"
-        pika_headers.mend_this_thread()  # deliveries are decoded in this thread
+        pika_private.mend_headers_in_this_thread()  # deliveries are decoded in this thread
         try:
             while not self._stop.is_set():
                 self._wait(connection)

@@ -12,6 +12,16 @@ checked on (those of ``pyproject.toml``) and that every class attribute used her
 exists; instance attributes are checked on the first connection. If anything is off, one
 warning is logged and :data:`FAST` turns False: every caller then takes pika's public
 API (:mod:`.blocking`, :mod:`.pika_confirms`). ``RMQDELAY_CLIENT_FAST=0`` forces that.
+
+One reach is not for speed but for correctness, and so ignores that switch: pika reads a
+header value of type ``f`` or ``d`` (float, double) as an int, ``1.5`` as ``1``
+(``pika.data.decode_value``; Java's ``Double``, .NET's ``double`` and every non-integer
+JavaScript number are sent as ``d``), and pika 1.3 reads a signed 64-bit ``l`` as
+unsigned. The x-delay bridge consumes its inbox with pika and must hand headers on as
+they came: :func:`mend_headers_in_this_thread` wraps that decoder once (its tables and
+arrays call it by that name) so that it reads those types right in a thread that asked,
+the bridge's inbox thread, and is pika's own everywhere else. With a pika outside the
+checked versions the decoder is left alone, with one warning.
 """
 
 from __future__ import annotations
@@ -20,12 +30,15 @@ import contextlib
 import logging
 import re
 import select
+import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import pika
 import pika.channel
 import pika.connection
+import pika.data
 import pika.exceptions
 from pika.adapters import select_connection
 from pika.adapters.blocking_connection import BlockingChannel
@@ -36,6 +49,8 @@ __all__ = [
     "FAST",
     "PIKA_BOUNDS",
     "close_connection",
+    "headers_mended",
+    "mend_headers_in_this_thread",
     "open_channel",
     "poll_once",
     "self_check",
@@ -224,3 +239,60 @@ def server_properties(connection: object) -> dict[str, Any]:
         return {}
     found = getattr(_impl(connection), "server_properties", None)
     return dict(found) if isinstance(found, dict) else {}
+
+
+_DOUBLE = struct.Struct(">d").unpack_from
+_FLOAT = struct.Struct(">f").unpack_from
+_SIGNED = struct.Struct(">q").unpack_from
+_HEADERS = threading.local()
+_HEADERS_LOCK = threading.Lock()
+Decoder = Callable[[bytes, int], tuple[Any, int]]
+
+
+def headers_mended() -> bool:
+    """Whether pika reads header values right in this thread."""
+    return bool(getattr(_HEADERS, "mend", False)) and _decoder_wrapped()
+
+
+def _decoder_wrapped() -> bool:
+    return bool(getattr(pika.data.decode_value, "_rmqdelay_original", None))
+
+
+def _wrap_decoder() -> bool:
+    """Wrap pika's decoder once (it changes nothing until a thread asks); False, with one
+    warning, when this pika is not one the wrapper was checked on."""
+    with _HEADERS_LOCK:
+        if _decoder_wrapped():
+            return True
+        problem = self_check()
+        if problem is None and not callable(getattr(pika.data, "decode_value", None)):
+            problem = f"pika {pika.__version__} has no pika.data.decode_value"
+        if problem is not None:
+            log.warning(
+                "%s: header values of type float or double are read as pika reads them "
+                "(1.5 as 1) by the x-delay bridge",
+                problem,
+            )
+            return False
+        original: Decoder = pika.data.decode_value
+
+        def decode_value(encoded: bytes, offset: int) -> tuple[Any, int]:
+            if getattr(_HEADERS, "mend", False):
+                kind = encoded[offset : offset + 1]
+                if kind == b"d":
+                    return _DOUBLE(encoded, offset + 1)[0], offset + 9
+                if kind == b"f":
+                    return _FLOAT(encoded, offset + 1)[0], offset + 5
+                if kind == b"l":
+                    return _SIGNED(encoded, offset + 1)[0], offset + 9
+            return original(encoded, offset)
+
+        decode_value._rmqdelay_original = original  # type: ignore[attr-defined]
+        pika.data.decode_value = decode_value
+        return True
+
+
+def mend_headers_in_this_thread(mend: bool = True) -> None:
+    """Read header values right in the calling thread (wrapping the decoder first)."""
+    wrapped = _wrap_decoder()
+    _HEADERS.mend = mend and wrapped

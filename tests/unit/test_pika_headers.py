@@ -10,11 +10,12 @@ from decimal import Decimal
 from typing import Any
 
 import pika.data
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pamqp import decode as pamqp_decode
 
-from rmqdelay.amqp import pika_headers
+from rmqdelay.amqp import pika_private
 from rmqdelay.core.wire import encode_properties
 
 values = st.recursive(
@@ -42,7 +43,7 @@ def in_thread(mend: bool, encoded: bytes) -> Any:
 
     def read() -> None:
         if mend:
-            pika_headers.mend_this_thread()
+            pika_private.mend_headers_in_this_thread()
         found.append(pika.data.decode_table(encoded, 0)[0])
 
     thread = threading.Thread(target=read)
@@ -52,10 +53,10 @@ def in_thread(mend: bool, encoded: bytes) -> Any:
 
 
 def test_only_a_thread_that_asks_reads_doubles_as_doubles() -> None:
-    pika_headers.install()
+    pika_private.mend_headers_in_this_thread(False)  # wraps the decoder
     assert in_thread(True, DOUBLE) == {"r": 1.5}
     assert in_thread(False, DOUBLE) == {"r": 1}  # pika's own reading, elsewhere
-    assert not pika_headers.mended()  # this thread did not ask
+    assert not pika_private.headers_mended()  # this thread did not ask
     single = struct.pack(">I", 7) + b"\x01rf" + struct.pack(">f", 0.25)
     assert in_thread(True, single) == {"r": 0.25}
 
@@ -84,3 +85,15 @@ def normal(value: Any) -> Any:
     if isinstance(value, Decimal):
         return value.normalize()
     return value
+
+
+def test_a_pika_outside_the_checked_versions_keeps_its_own_reading(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    original = getattr(pika.data.decode_value, "_rmqdelay_original", pika.data.decode_value)
+    monkeypatch.setattr(pika.data, "decode_value", original)  # not wrapped yet
+    monkeypatch.setattr(pika, "__version__", "1.5.0")
+    assert in_thread(True, DOUBLE) == {"r": 1}  # asked, but not mended
+    assert pika.data.decode_value is original
+    assert "pika 1.5.0 is outside the versions checked" in caplog.text
+    assert "read as pika reads them" in caplog.text
