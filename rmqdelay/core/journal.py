@@ -25,12 +25,15 @@ import base64
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .layout import Layout
+
+if TYPE_CHECKING:
+    from .keys import KeyBook, Move
 
 __all__ = [
     "CANCEL_MARGIN_MS",
@@ -38,6 +41,7 @@ __all__ = [
     "CancelAnswer",
     "CancelResult",
     "JournalRecord",
+    "OnConflict",
     "RecordKind",
     "ScheduleView",
     "Tombstones",
@@ -50,7 +54,14 @@ __all__ = [
     "plan_cancels",
 ]
 
-RecordKind = Literal["scheduled", "cancelled", "marker"]
+RecordKind = Literal[
+    "scheduled", "cancelled", "marker", "claimed", "done", "rescheduled", "recurring"
+]
+OnConflict = Literal["ignore", "replace"]
+"""What a keyed publish does while a message with its key is pending (:mod:`.keys`)."""
+_KINDS = frozenset(
+    ("scheduled", "cancelled", "marker", "claimed", "done", "rescheduled", "recurring")
+)
 CancelAnswer = Literal["cancelled", "unknown", "too late"]
 _VERSION = 1
 RECORDS_PER_WRITE = 500
@@ -94,6 +105,19 @@ class JournalRecord:
     recorded_at_ms: int = 0
     body: bytes | None = None
     cancels_due_ms: tuple[int, ...] = ()
+    key: str | None = None
+    """A keyed message's key (``scheduled``, ``claimed``, ``done``, ``rescheduled``)."""
+    on_conflict: OnConflict | None = None
+    """Written by a keyed message's first publish only; its retries and forwards leave it out."""
+    worker: str = ""
+    """``claimed``/``done``: the worker instance that wrote it."""
+    claim_id: str = ""
+    """``claimed``: this claim's own id, so its writer knows it when it comes back."""
+    fresh_copy: bool = False
+    """``rescheduled``: the rescheduler published a copy due at ``due_at_ms`` itself; when
+    False, a worker receiving an older copy forwards it there."""
+    data: Mapping[str, Any] = field(default_factory=dict)
+    """``recurring``: the control record's operation and rule."""
 
     def named_due_times(self) -> tuple[int, ...]:
         """The due times of the copies a tombstone cancels, without repeats."""
@@ -127,6 +151,18 @@ def encode_record(record: JournalRecord) -> bytes:
             data["h"] = _plain(record.headers)
     if record.cancels_due_ms:
         data["c"] = list(record.cancels_due_ms)
+    if record.key is not None:
+        data["key"] = record.key
+    if record.on_conflict is not None:
+        data["m"] = record.on_conflict
+    if record.worker:
+        data["w"] = record.worker
+    if record.claim_id:
+        data["cid"] = record.claim_id
+    if record.fresh_copy:
+        data["f"] = True
+    if record.data:
+        data["r"] = _plain(record.data)
     data["t"] = record.recorded_at_ms
     if record.body is not None:
         data["b"] = base64.b64encode(record.body).decode()
@@ -158,9 +194,11 @@ def decode_record(raw: bytes) -> JournalRecord | None:
         if not isinstance(data, dict) or data.get("v") != _VERSION:
             return None
         kind = data["k"]
-        if kind not in ("scheduled", "cancelled", "marker"):
+        if kind not in _KINDS:
             return None
         body = data.get("b")
+        key = data.get("key")
+        mode = data.get("m")
         return JournalRecord(
             kind=kind,
             message_id=str(data["id"]),
@@ -172,6 +210,12 @@ def decode_record(raw: bytes) -> JournalRecord | None:
             recorded_at_ms=int(data.get("t", 0)),
             body=base64.b64decode(body) if isinstance(body, str) else None,
             cancels_due_ms=tuple(int(due) for due in data.get("c", ())),
+            key=None if key is None else str(key),
+            on_conflict=mode if mode in ("ignore", "replace") else None,
+            worker=str(data.get("w", "")),
+            claim_id=str(data.get("cid", "")),
+            fresh_copy=bool(data.get("f", False)),
+            data=dict(data.get("r", {})),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -207,11 +251,19 @@ class ScheduleView:
     copies: dict[tuple[str, int], JournalRecord] = field(default_factory=dict)
     cancelled: dict[str, set[int]] = field(default_factory=dict)
     """Per id, the due times named by a tombstone and not recorded again since."""
+    keys: KeyBook = field(default_factory=lambda: _key_book())
+    """Keys, generations, claims and moves (:mod:`.keys`): what hides a keyed copy."""
     _by_id: dict[str, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def add(self, record: JournalRecord) -> None:
         message_id = record.message_id
-        if record.kind == "scheduled":
+        if record.key is not None or record.kind in _KEY_KINDS:
+            self.keys.add(record)
+        if record.kind == "rescheduled":
+            self._move(record)
+        elif record.kind == "scheduled":
+            if self.keys.stale(message_id, record.due_at_ms) is not None:
+                return  # a copy recorded again after its id moved: it will not be handled
             self.copies[message_id, record.due_at_ms] = record
             self._by_id = None
             named = self.cancelled.get(message_id)
@@ -226,6 +278,20 @@ class ScheduleView:
         for record in records:
             self.add(record)
         return self
+
+    def _move(self, record: JournalRecord) -> None:
+        """A reschedule: the id's named copies become one copy at the new due time."""
+        message_id = record.message_id
+        moved = [self.copies.pop((message_id, due), None) for due in record.cancels_due_ms]
+        last = max((r for r in moved if r is not None), key=lambda r: r.due_at_ms, default=None)
+        if last is not None and (message_id, record.due_at_ms) not in self.copies:
+            self.copies[message_id, record.due_at_ms] = replace(last, due_at_ms=record.due_at_ms)
+        self._by_id = None
+
+    def hidden(self, record: JournalRecord) -> bool:
+        """Whether a keyed copy will not be handled: it lost to a pending message with its
+        key (``ignore``), or a ``replace`` took its place."""
+        return record.key is not None and self.keys.hides(record.message_id)
 
     def is_cancelled(self, message_id: str, due_at_ms: int) -> bool:
         """Whether a tombstone after the copy's last record names it."""
@@ -250,6 +316,7 @@ class ScheduleView:
             and (message_id not in cancelled or due not in cancelled[message_id])
             and (destination is None or r.destination == destination)
             and (due_before_ms is None or due < due_before_ms)
+            and not (r.key is not None and self.hidden(r))
         ]
         found.sort(key=lambda r: (r.due_at_ms, r.message_id))
         return found if limit is None else found[:limit]
@@ -336,15 +403,33 @@ def plan_cancels(
                     last.due_at_ms,
                     last.attempt,
                     recorded_at_ms=now_ms,
-                    # one copy: the tombstone of old, due_at_ms alone names it
-                    cancels_due_ms=tuple(c.due_at_ms for c in copies) if len(copies) > 1 else (),
+                    # one copy: the tombstone of old, due_at_ms alone names it; the due
+                    # times an id was moved from too, so a worker skips a stale copy
+                    cancels_due_ms=_named(copies, view.keys.moves.get(message_id)),
                 )
             )
     return results, tombstones
 
 
+def _named(copies: list[JournalRecord], move: Move | None) -> tuple[int, ...]:
+    dues = [c.due_at_ms for c in copies]
+    if move is not None:
+        dues = sorted({*dues, *move.old_due_ms})
+    return tuple(dues) if len(dues) > 1 else ()
+
+
 def _dues(value: int | tuple[int, ...]) -> tuple[int, ...]:
     return (value,) if isinstance(value, int) else value
+
+
+_KEY_KINDS = frozenset(("claimed", "done", "rescheduled", "cancelled"))
+"""Kinds the key book follows besides keyed ``scheduled`` records."""
+
+
+def _key_book() -> KeyBook:
+    from .keys import KeyBook  # keys imports this module's records
+
+    return KeyBook()
 
 
 _SCHEDULED_KIND = b'"k":"scheduled"'

@@ -1,0 +1,339 @@
+"""Keys, generations and moves: what the schedule journal's order decides.
+
+A keyed publish (``key="order-42-timeout"``) records its key with its message. While a
+message with that key is *pending* (its generation's winner is not cancelled, not
+handled, and due after the new record was written), a second publish with the key is,
+by the caller's choice, ``ignore``-d (its copies are dropped) or ``replace``-s the
+pending one (the old copies are dropped, the new message starts the next generation).
+
+Every reader (publishers answering a keyed publish, workers before a handler runs,
+``scheduled list``) folds the same records in the stream's order, and each decision
+depends on the records alone (the writer's ``recorded_at_ms``, never the reader's
+clock), so they all agree. A worker takes a winner's copy with a ``claimed`` record
+and handles it only when its own claim is the first for that copy; ``done`` after the
+handler succeeded makes any later copy of the generation a duplicate. A
+``rescheduled`` record moves an id's copies to a new due time: a worker receiving an
+older copy drops it (the rescheduler published a fresh copy) or forwards it.
+
+Where it stops, said in the README: a worker that does not read the journal enforces
+nothing; publishers' clocks decide ``pending``; a handler that ran but whose ``done`` was
+never written (the worker died) runs again for a redelivered copy (at least once).
+
+Pure: no I/O. The fold is idempotent: reading a stretch of records twice, as a reader
+that restarts from a timestamp does, changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .journal import CANCEL_MARGIN_MS, JournalRecord
+
+__all__ = [
+    "UNRECORDED_GRACE_MS",
+    "Action",
+    "Generation",
+    "KeyBook",
+    "KeyStatus",
+    "KeyedOutcome",
+    "Loser",
+    "Move",
+    "Verdict",
+    "recurring_key",
+]
+
+UNRECORDED_GRACE_MS = 30_000
+"""How long after its due time a keyed copy whose record has not been read is waited
+for: a message and its record go out in one confirm window, and a publish whose record
+failed raised to its caller (who sends it again)."""
+
+Action = Literal["handle", "claim", "forward", "drop", "wait"]
+KeyedOutcome = Literal["scheduled", "ignored", "replaced"]
+KeyStatus = Literal["scheduled", "due", "handled", "cancelled", "ignored", "replaced", "unknown"]
+
+
+def recurring_key(name: str, occurrence_ms: int) -> str:
+    """The key of one occurrence of a recurring schedule: taken by the first publish."""
+    return f"recurring:{name}@{occurrence_ms}"
+
+
+@dataclass
+class Generation:
+    """One generation of a key: the message that won it, and what became of it."""
+
+    key: str
+    number: int
+    """Counted by this reader from the oldest record it read: for people, not identity.
+    A generation *is* its winner's message id."""
+    message_id: str
+    due_ms: int
+    """The winner's current due time: a retry, forward or reschedule moves it."""
+    recorded_at_ms: int
+    destination: str = ""
+    cancelled: bool = False
+    superseded_by: str | None = None
+    """The id of the ``replace`` publish that took its place while it was pending."""
+    done: bool = False
+    claims: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """Per copy (its due time), the first claim read: (worker, claim id)."""
+
+    def pending(self, at_ms: int) -> bool:
+        """Whether it still holds its key at ``at_ms`` (a record's own time)."""
+        return (
+            not self.cancelled
+            and self.superseded_by is None
+            and not self.done
+            and self.due_ms > at_ms
+        )
+
+
+@dataclass(frozen=True)
+class Loser:
+    """A keyed publish that lost: ``ignored`` while ``winner_id`` was pending."""
+
+    key: str
+    message_id: str
+    winner_id: str
+    winner_due_ms: int
+    """The pending winner's due time when this publish lost to it."""
+    due_ms: int
+    """This publish's own due time: its copies come out then, and are dropped."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """An id's copies moved to ``due_ms``: copies due at any of ``old_due_ms`` are stale."""
+
+    due_ms: int
+    old_due_ms: frozenset[int]
+    fresh_copy: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a worker does with a delivery before (or instead of) its handler."""
+
+    action: Action
+    reason: str = ""
+    generation: Generation | None = None
+    forward_due_ms: int | None = None
+
+
+_HANDLE = Verdict("handle")
+
+
+@dataclass
+class KeyBook:
+    """The fold of keyed records, claims, ``done`` and moves, in journal order."""
+
+    generations: dict[str, list[Generation]] = field(default_factory=dict)
+    """Per key, its generations seen, oldest first."""
+    by_id: dict[str, Generation | Loser] = field(default_factory=dict)
+    moves: dict[str, Move] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ the fold
+
+    def add(self, record: JournalRecord) -> None:
+        kind = record.kind
+        if kind == "scheduled":
+            if record.key is not None:
+                self._scheduled(record, record.key)
+        elif kind == "cancelled":
+            entry = self.by_id.get(record.message_id)
+            if isinstance(entry, Generation) and entry.due_ms in record.named_due_times():
+                entry.cancelled = True
+        elif kind == "claimed":
+            entry = self.by_id.get(record.message_id)
+            if isinstance(entry, Generation):
+                entry.claims.setdefault(record.due_at_ms, (record.worker, record.claim_id))
+        elif kind == "done":
+            entry = self.by_id.get(record.message_id)
+            if isinstance(entry, Generation):
+                entry.done = True
+        elif kind == "rescheduled":
+            self._moved(record)
+
+    def extend(self, records: Iterable[JournalRecord]) -> KeyBook:
+        for record in records:
+            self.add(record)
+        return self
+
+    def _scheduled(self, record: JournalRecord, key: str) -> None:
+        message_id = record.message_id
+        entry = self.by_id.get(message_id)
+        if entry is not None:
+            if isinstance(entry, Generation):
+                move = self.moves.get(message_id)
+                stale = move is not None and record.due_at_ms in move.old_due_ms
+                if not stale:
+                    entry.due_ms = record.due_at_ms  # a retry, forward or resend
+                if entry.cancelled and record.due_at_ms == entry.due_ms:
+                    entry.cancelled = False  # recorded again after its tombstone
+            return
+        history = self.generations.setdefault(key, [])
+        current = history[-1] if history else None
+        pending = current is not None and current.pending(record.recorded_at_ms)
+        if current is not None and pending and record.on_conflict != "replace":
+            self.by_id[message_id] = Loser(
+                key, message_id, current.message_id, current.due_ms, record.due_at_ms
+            )
+            return
+        if current is not None and pending:
+            current.superseded_by = message_id
+        generation = Generation(
+            key,
+            (current.number + 1) if current is not None else 1,
+            message_id,
+            record.due_at_ms,
+            record.recorded_at_ms,
+            record.destination,
+        )
+        history.append(generation)
+        self.by_id[message_id] = generation
+
+    def _moved(self, record: JournalRecord) -> None:
+        message_id = record.message_id
+        before = self.moves.get(message_id)
+        old = set(record.cancels_due_ms)
+        if before is not None:
+            old |= before.old_due_ms | {before.due_ms}
+        old.discard(record.due_at_ms)
+        self.moves[message_id] = Move(record.due_at_ms, frozenset(old), record.fresh_copy)
+        entry = self.by_id.get(message_id)
+        if isinstance(entry, Generation):
+            entry.due_ms = record.due_at_ms
+
+    # ------------------------------------------------------------------ questions
+
+    def current(self, key: str) -> Generation | None:
+        history = self.generations.get(key)
+        return history[-1] if history else None
+
+    def pending(self, key: str, now_ms: int) -> Generation | None:
+        """The generation holding ``key`` now, if one does."""
+        current = self.current(key)
+        return current if current is not None and current.pending(now_ms) else None
+
+    def outcome(self, message_id: str) -> tuple[KeyedOutcome, Generation | Loser | None]:
+        """What a keyed publish of ``message_id`` came to, once its record was read:
+        ``scheduled`` (it won a generation), ``ignored`` (it lost: the Loser names the
+        pending winner), or ``replaced`` (it won and superseded the pending one)."""
+        entry = self.by_id.get(message_id)
+        if entry is None:
+            return "scheduled", None
+        if isinstance(entry, Loser):
+            return "ignored", entry
+        history = self.generations[entry.key]
+        index = history.index(entry)
+        if index > 0 and history[index - 1].superseded_by == message_id:
+            return "replaced", entry
+        return "scheduled", entry
+
+    def status(self, message_id: str, now_ms: int) -> KeyStatus:
+        """Where a keyed id stands: for a reschedule's or a cancel's answer."""
+        entry = self.by_id.get(message_id)
+        if entry is None:
+            return "unknown"
+        if isinstance(entry, Loser):
+            return "ignored"
+        if entry.superseded_by is not None:
+            return "replaced"
+        if entry.cancelled:
+            return "cancelled"
+        if entry.done:
+            return "handled"
+        return "scheduled" if entry.due_ms > now_ms else "due"
+
+    def hides(self, message_id: str) -> bool:
+        """Whether the id's copies will never be handled: it lost to a pending message with
+        its key (``ignore``), or a ``replace`` took its place."""
+        entry = self.by_id.get(message_id)
+        return isinstance(entry, Loser) or (entry is not None and entry.superseded_by is not None)
+
+    def stale(self, message_id: str, due_ms: int | None) -> Move | None:
+        """The move that makes this copy stale (any id, keyed or not), if one does."""
+        move = self.moves.get(message_id)
+        if move is None or due_ms is None or due_ms not in move.old_due_ms:
+            return None
+        return move
+
+    def verdict(
+        self,
+        message_id: str,
+        due_ms: int | None,
+        key: str | None,
+        *,
+        redelivered: bool,
+        now_ms: int,
+        claim_id: str = "",
+    ) -> Verdict:
+        """What a worker does with this delivery; ``claim_id`` is the claim it wrote for
+        it and read back, if it did.
+
+        An unkeyed delivery is only ever moved (``forward`` or ``drop``) or handled.
+        """
+        move = self.stale(message_id, due_ms)
+        if move is not None:
+            if move.fresh_copy:
+                return Verdict("drop", "rescheduled")
+            return Verdict("forward", "rescheduled", forward_due_ms=move.due_ms)
+        if key is None:
+            return _HANDLE
+        entry = self.by_id.get(message_id)
+        if entry is None:
+            if due_ms is not None and now_ms > due_ms + UNRECORDED_GRACE_MS:
+                return Verdict("drop", "unrecorded")
+            return Verdict("wait", "unrecorded")
+        if isinstance(entry, Loser):
+            return Verdict("drop", "ignored")
+        if entry.superseded_by is not None:
+            return Verdict("drop", "replaced", entry)
+        if entry.cancelled:
+            return Verdict("drop", "cancelled", entry)
+        if entry.done:
+            return Verdict("drop", "duplicate", entry)
+        copy = entry.due_ms if due_ms is None else due_ms
+        claim = entry.claims.get(copy)
+        if claim is None:
+            return Verdict("claim", "", entry)
+        if claim_id and claim[1] == claim_id:
+            return Verdict("handle", "", entry)
+        if redelivered:
+            return Verdict("handle", "taken over", entry)  # its claimer may have died
+        return Verdict("drop", "claimed elsewhere", entry)
+
+    # ------------------------------------------------------------------ memory
+
+    def expire(self, now_ms: int, margin_ms: int = CANCEL_MARGIN_MS) -> int:
+        """Forget what can no longer matter: generations and losers whose due time plus
+        ``margin_ms`` has passed (a key's last generation is kept while it may be
+        pending for a record written with a slow clock), and moves of such ids.
+        Returns how many ids were forgotten."""
+        cutoff = now_ms - margin_ms
+        forgotten = 0
+        for key, history in list(self.generations.items()):
+            keep = [g for g in history[:-1] if g.due_ms >= cutoff]
+            if history[-1].due_ms >= cutoff or keep:
+                keep.append(history[-1])
+            for generation in history:
+                if generation not in keep:
+                    self.by_id.pop(generation.message_id, None)
+                    self.moves.pop(generation.message_id, None)
+                    forgotten += 1
+            if keep:
+                self.generations[key] = keep
+            else:
+                del self.generations[key]
+        for message_id, entry in list(self.by_id.items()):
+            if isinstance(entry, Loser) and entry.due_ms < cutoff:
+                del self.by_id[message_id]
+                forgotten += 1
+        for message_id, move in list(self.moves.items()):
+            if move.due_ms < cutoff and message_id not in self.by_id:
+                del self.moves[message_id]
+        return forgotten
+
+    def __len__(self) -> int:
+        return len(self.by_id)
