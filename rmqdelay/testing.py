@@ -29,7 +29,7 @@ from .core.journal import (
     encode_records,
     journal_name,
 )
-from .core.journal_steps import Append, Read, ReadEnd
+from .core.journal_steps import Append, Follow, Read, ReadEnd
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
 from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
@@ -236,6 +236,8 @@ class _Memory:
             return self._append(step)
         if isinstance(step, Read):
             return self._read(step)
+        if isinstance(step, Follow):
+            return self._follow(step)
         return [self._send(prepared) for prepared in step.batch]
 
     def _append(self, step: Append) -> bool:
@@ -252,6 +254,19 @@ class _Memory:
             return "missing"
         for record in list(self._broker.journal):
             if step.take(encode_records([record])):
+                return "done"
+        return "silent"
+
+    def _follow(self, step: Follow) -> ReadEnd:
+        """The records from where the follower stopped, one a message, each record's
+        index its stream offset (markers included, as in a stream)."""
+        if not self._broker.journal_exists:
+            return "missing"
+        if step.reached():
+            return "done"
+        journal = self._broker.journal
+        for offset in range(step.next_offset or 0, len(journal)):
+            if step.take(offset, encode_records([journal[offset]])):
                 return "done"
         return "silent"
 

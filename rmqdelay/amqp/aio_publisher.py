@@ -19,12 +19,14 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
 from ..core.journal import CancelResult, JournalRecord
+from ..core.journal_steps import Follow
 from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
 from ..core.steps import CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
 from .connections import connect_async
 from .journal import journal_step_async
+from .journal_follow import AsyncFollower
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 
@@ -96,6 +98,7 @@ class AsyncPublisher(
     _channel: AbstractChannel | None = None
     _opening: asyncio.Lock | None = None
     _watched: AbstractConnection | None = None
+    _follower: AsyncFollower | None = None
 
     async def connect(self) -> AsyncPublisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -107,6 +110,9 @@ class AsyncPublisher(
         """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
         channel, self._channel = self._channel, None
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            await self._quietly(follower.close())
         connection = self._connection
         if self._owns_connection:
             self._connection = None
@@ -232,6 +238,10 @@ class AsyncPublisher(
             return await self._failover(step.reason)
         if isinstance(step, Send):
             return await self._send(step.batch)
+        if isinstance(step, Follow):
+            if self._follower is None:
+                self._follower = AsyncFollower()
+            return await self._follower.follow(await self._live_connection(), step)
         return await journal_step_async(await self._live_connection(), step)
 
     async def _failover(self, reason: str) -> bool:

@@ -19,13 +19,14 @@ from typing import TypeVar
 import pika
 
 from ..core.journal import CancelResult, JournalRecord
-from ..core.journal_steps import Append, Read
+from ..core.journal_steps import Append, Follow, Read
 from ..core.outgoing import Outcome, Prepared, PublishResult
 from ..core.steps import CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
 from .connections import connect_blocking
 from .journal import append_records, read_stream
+from .journal_follow import BlockingFollower
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
@@ -44,6 +45,7 @@ class Publisher(
     """
 
     _channel: ConfirmChannel | None = None
+    _follower: BlockingFollower | None = None
 
     def connect(self) -> Publisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -55,6 +57,9 @@ class Publisher(
         """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
         channel, self._channel = self._channel, None
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.close()
         if self._connection is None:
             return
         if self._owns_connection:
@@ -154,6 +159,12 @@ class Publisher(
             # a reader's connection of its own: see rmqdelay.amqp.journal.run_journal
             reader = connect_blocking(self.settings, "journal", last=self._try_last)
             return read_stream(reader, step)
+        if isinstance(step, Follow):
+            if self._follower is None:
+                self._follower = BlockingFollower(
+                    lambda: connect_blocking(self.settings, "keys", last=self._try_last)
+                )
+            return self._follower.follow(step)
         return self._send(step.batch)
 
     def _failover(self, reason: str) -> bool:

@@ -67,6 +67,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         ``window``: how many confirms a batch may wait for at a time."""
         self.settings = settings or Settings()
         self.core = PublisherCore(self.settings.layout, journal_bodies=self.settings.journal_bodies)
+        self.core.read_back_timeout = self.settings.confirm_timeout
         self._connection = connection
         self._owns_connection = connection is None
         self._started = connection is not None

@@ -8,6 +8,8 @@ tail (:mod:`rmqdelay.amqp.journal`) and the in-memory publisher.
   True, or False when the journal is not there.
 - :class:`Read`: consume the stream from a time on, handing each message's body to
   ``take`` in order, until it returns True. Answer how it ended (:data:`ReadEnd`).
+- :class:`Follow`: as :class:`Read`, on a consumer the adapter keeps open between
+  steps, so a keyed publish reads only what is new since the last one.
 
 They join the publish steps in :data:`rmqdelay.core.outgoing.Step`, so a publisher's
 ``_run`` carries out a journal flow as it does a publish.
@@ -25,6 +27,7 @@ from .clock import datetime_of_ms
 __all__ = [
     "JOURNAL_TYPE",
     "Append",
+    "Follow",
     "JournalStep",
     "JournalWrite",
     "Read",
@@ -102,4 +105,32 @@ def stream_offset(since_ms: int) -> datetime:
     return datetime_of_ms(max(0, since_ms // 1000 - 1) * 1000)
 
 
+@dataclass(frozen=True)
+class Follow:
+    """A step: hand ``take`` each message of the stream ``stream`` after the last one it
+    was given, with its stream offset, until it returns True; answer a :data:`ReadEnd`.
+
+    The adapter keeps the consumer open for the next Follow (a publisher's keyed
+    publishes each read what is new, not the whole journal). A consumer it has to open
+    starts at offset ``next_offset`` when that is known, else at the time ``since_ms``;
+    ``take`` skips what it was given before, so starting early is harmless. Messages
+    that arrived after ``take`` said stop are given to the next Follow's ``take``.
+    """
+
+    stream: str
+    since_ms: int
+    next_offset: int | None
+    take: Callable[[int, bytes], bool]
+    timeout: float
+    reached: Callable[[], bool] = lambda: False
+    """True when what the step waits for was read already (by another Follow of the
+    same publisher, running first): the adapter answers ``done`` without waiting."""
+
+    @property
+    def offset(self) -> datetime | int:
+        """The ``x-stream-offset`` of a consumer opened for this step."""
+        return self.next_offset if self.next_offset is not None else stream_offset(self.since_ms)
+
+
 JournalStep = Append | Read
+"""What a journal flow asks; :class:`Follow` is a publisher's own (see :mod:`.key_flows`)."""

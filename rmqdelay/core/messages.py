@@ -16,6 +16,7 @@ __all__ = [
     "CARRIED",
     "DESTINATION",
     "DUE_AT",
+    "KEY",
     "PERSISTENT",
     "Body",
     "MessageProperties",
@@ -28,6 +29,8 @@ __all__ = [
 DUE_AT = "rmqdelay-due-at"
 DESTINATION = "rmqdelay-destination"
 ATTEMPT = "rmqdelay-attempt"
+KEY = "rmqdelay-key"
+"""A keyed message's key, so a worker knows to ask the journal before handling it."""
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
 BINARY = "application/octet-stream"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import BatchPublishError, PublishError
 from .clock import datetime_of_ms, ms_of_us
@@ -21,14 +21,22 @@ from .messages import DESTINATION, DUE_AT, MessageProperties
 from .plan import DelayPlan
 
 __all__ = [
+    "ConflictChoice",
     "MessageProperties",
     "Outcome",
     "Outgoing",
     "Prepared",
     "PublishOptions",
+    "PublishOutcome",
     "PublishResult",
     "gather_results",
 ]
+
+ConflictChoice = Literal["ignore", "replace"]
+"""What a keyed publish does while its key is pending: keep the pending message (this
+one is dropped) or replace it (the pending one is dropped)."""
+PublishOutcome = Literal["scheduled", "ignored", "replaced"]
+"""What became of a publish: ``ignored`` and ``replaced`` only with a key."""
 
 
 class PublishOptions(MessageProperties, total=False):
@@ -41,6 +49,12 @@ class PublishOptions(MessageProperties, total=False):
     headers: Mapping[str, Any] | None
     message_id: str | None
     """Default: a new uuid. Keep it stable across retries."""
+    key: str | None
+    """At most one message per key is handled at a time (needs the schedule journal);
+    ``on_conflict`` says what a publish does while the key is pending."""
+    on_conflict: ConflictChoice | None
+    """With ``key``, required: ``"ignore"`` keeps the pending message, ``"replace"``
+    drops it for this one."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +74,13 @@ class Prepared:
     wrote it: what both publishers send."""
     journal_records: int = 0
     """Not a message but schedule journal records (this many), sent beside a batch."""
+    key: str | None = None
+    """The message's key (also in its ``rmqdelay-key`` header), if it has one."""
+    on_conflict: ConflictChoice | None = None
+    """What its first publish chose for a pending key (recorded as ``m``)."""
+    marker: str | None = None
+    """For a journal write holding keyed records: the id of the marker record it ends
+    with, which the publisher reads the journal up to before it answers."""
 
     @property
     def content_type(self) -> str:
@@ -107,13 +128,25 @@ class Outgoing:
 
 @dataclass(frozen=True)
 class PublishResult:
-    """What a confirmed publish returns."""
+    """What a confirmed publish returns.
+
+    With a key, what the schedule journal made of it: ``outcome`` ``scheduled`` (the key
+    was free), ``replaced`` (``replaced_id`` was pending and is dropped) or ``ignored``
+    (a message was pending: ``message_id`` and ``due_at_ms`` are that message's, and
+    ``ignored_id`` is the id this publish sent, which no worker will handle).
+    ``generation`` counts the key's winners: 1 for the first.
+    """
 
     message_id: str
     destination: str
     due_at_ms: int
     routing_key: str
     hops: int
+    key: str | None = None
+    generation: int | None = None
+    outcome: PublishOutcome = "scheduled"
+    replaced_id: str | None = None
+    ignored_id: str | None = None
 
     @property
     def due_at(self) -> datetime:
@@ -127,6 +160,7 @@ class PublishResult:
             out.due_at_ms,
             out.plan.routing_key,
             len(out.plan.hops),
+            key=out.prepared.key,
         )
 
 

@@ -23,9 +23,10 @@ from ..errors import (
     DelayError,
     InvalidMessageError,
     PublisherClosedError,
+    RmqDelayError,
     UnroutableError,
 )
-from . import clock, failures
+from . import clock, failures, journal_flows
 from .clock import ms_of_us
 from .durations import DurationLike, parse_duration_us
 from .journal import (
@@ -36,20 +37,61 @@ from .journal import (
     journal_name,
 )
 from .journal_steps import journal_properties
+from .key_flows import KeyFollower, key_answer, read_back
 from .layout import Layout
-from .messages import ATTEMPT, CARRIED, MessageProperties, clean_headers, encode_body
-from .outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult, gather_results
+from .messages import ATTEMPT, CARRIED, KEY, MessageProperties, clean_headers, encode_body
+from .outgoing import (
+    ConflictChoice,
+    Outcome,
+    Outgoing,
+    Prepared,
+    PublishOptions,
+    PublishResult,
+    gather_results,
+)
 from .plan import DelayPlan, check_max_delay, plan_delay
 from .routing import validate_destination
 from .steps import CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
 from .wire import encode_properties
 
-__all__ = ["PublisherCore"]
+__all__ = ["KEY_MAX_CHARS", "PublisherCore", "check_key"]
 
 _SEND_AGAIN = (ConfirmTimeoutError, PublisherClosedError)
 """Outcomes that leave a message's fate unknown because of the connection or its node."""
 _CARRIED = frozenset(CARRIED)
+KEY_MAX_CHARS = 512
+"""A key is a header value and part of every record of its message: kept short."""
+_CHOICES = ("ignore", "replace")
+_NOT_RECORDED = frozenset((ATTEMPT, KEY))
+"""Headers a record holds in fields of its own (``a``, ``key``)."""
+
+
+def check_key(layout: Layout, key: object, on_conflict: object) -> None:
+    """Raise unless ``key`` and ``on_conflict`` make a keyed publish this layout can do."""
+    if key is None:
+        raise InvalidMessageError(
+            "on_conflict",
+            f"was given ({on_conflict!r}) without key=: it says what a keyed publish does "
+            "while its key is pending; give key= too, or leave on_conflict out",
+        )
+    if not isinstance(key, str) or not key or len(key) > KEY_MAX_CHARS:
+        raise InvalidMessageError(
+            "key", f"must be a non-empty str of at most {KEY_MAX_CHARS} characters, got {key!r}"
+        )
+    if on_conflict is None:
+        raise InvalidMessageError(
+            "on_conflict",
+            f"is required with key={key!r}: say what this publish does while a message with "
+            'that key is pending: on_conflict="ignore" (keep the pending one, drop this) or '
+            'on_conflict="replace" (drop the pending one, schedule this)',
+        )
+    if on_conflict not in _CHOICES:
+        raise InvalidMessageError(
+            "on_conflict", f'must be "ignore" or "replace", got {on_conflict!r}'
+        )
+    if not layout.journal:
+        raise failures.journal_off(f"publish with key={key!r}")
 
 
 class PublisherCore:
@@ -62,6 +104,9 @@ class PublisherCore:
         self._journal_checked = False
         self._valid_destinations: set[str] = set()
         self._properties = PropertyTemplates()
+        self._follower: KeyFollower | None = None
+        self.read_back_timeout = 30.0
+        """How long a keyed publish waits for the journal to give its record back."""
 
     # ------------------------------------------------------------------ validation
 
@@ -74,6 +119,8 @@ class PublisherCore:
         at: datetime | None = None,
         headers: Mapping[str, Any] | None = None,
         message_id: str | None = None,
+        key: str | None = None,
+        on_conflict: ConflictChoice | None = None,
         now: int | None = None,
         **properties: Unpack[MessageProperties],
     ) -> Prepared:
@@ -81,8 +128,12 @@ class PublisherCore:
 
         The one validation pass of both publishers, retries and replays: what AMQP
         cannot carry raises :class:`InvalidMessageError` (see :mod:`rmqdelay.core.wire`).
+        A ``rmqdelay-key`` header without ``key=`` is a keyed message sent again (a
+        worker's retry or forward): recorded with its key, never an answer of its own.
         """
-        if not properties and headers is None and message_id is None:
+        if key is not None or on_conflict is not None:
+            check_key(self.layout, key, on_conflict)
+        if not properties and headers is None and message_id is None and key is None:
             return self._prepare_plain(destination, body, delay, at, now)
         if properties and not properties.keys() <= _CARRIED:
             unknown = min(properties.keys() - _CARRIED)
@@ -95,6 +146,17 @@ class PublisherCore:
             )
         out_headers = clean_headers(headers)
         out_headers.setdefault(ATTEMPT, 1)
+        if key is not None:
+            given = out_headers.get(KEY, key)
+            if given != key:
+                raise InvalidMessageError(
+                    f"headers[{KEY!r}]", f"is {given!r} but key={key!r}: give the key once"
+                )
+            out_headers[KEY] = key
+        elif isinstance(out_headers.get(KEY), (str, bytes)):
+            carried_key = out_headers[KEY]
+            key = carried_key.decode() if isinstance(carried_key, bytes) else carried_key
+            out_headers[KEY] = key
         if message_id is None:
             message_id = new_message_id()
         elif not isinstance(message_id, str) or not message_id:
@@ -111,6 +173,8 @@ class PublisherCore:
             encoded_properties=self._properties.encode(
                 message_id, out_headers, carried, ms_of_us(due), destination
             ),
+            key=key,
+            on_conflict=on_conflict,
         )
 
     def _prepare_plain(
@@ -182,19 +246,104 @@ class PublisherCore:
     def publish(
         self, destination: str, body: object, options: PublishOptions
     ) -> Flow[PublishResult]:
-        """One message: validate, check its destination, send, then return or raise."""
+        """One message: validate, check its destination, send, then return or raise.
+
+        A keyed one then reads the journal back to its own record and answers what the
+        key made of it (:mod:`.key_flows`)."""
         prepared = self.prepare(destination, body, **options)
-        (outcome,) = yield from self._send([prepared])
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
+        markers: list[str] = []
+        (outcome,) = yield from self._send([prepared], markers)
+        if prepared.on_conflict is None:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        (answered,) = yield from self._answer_keys([prepared], [outcome], markers)
+        if isinstance(answered, BaseException):
+            raise answered
+        return answered
 
     def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> Flow[list[PublishResult]]:
-        """Validate every request before the first is sent; send by due time."""
+        """Validate every request before the first is sent; send by due time. Keyed
+        requests are answered from one read of the journal after the batch."""
         prepared = [self.prepare(**request) for request in requests]
         order = self.send_order(prepared)
-        outcomes = yield from self._send([prepared[i] for i in order])
+        ordered = [prepared[i] for i in order]
+        markers: list[str] = []
+        outcomes = yield from self._send(ordered, markers)
+        if any(p.on_conflict is not None for p in ordered):
+            outcomes = yield from self._answer_keys(ordered, outcomes, markers)
         return gather_results(prepared, outcomes, order)
+
+    # ------------------------------------------------------------------ keys
+
+    def key_follower(self) -> KeyFollower:
+        """The journal as this publisher has read it for keys (made on first use)."""
+        if self._follower is None:
+            self._follower = KeyFollower()
+        return self._follower
+
+    def _answer_keys(
+        self, batch: list[Prepared], outcomes: list[Outcome], markers: list[str]
+    ) -> Flow[list[Outcome]]:
+        """What the journal made of each keyed message: read back to this batch's
+        markers, then ask the fold. A keyed message that failed leaves nothing pending
+        under its key: its record, if it was written, is cancelled (best effort), so a
+        publish again with a new id is not ignored in favour of a message not sent."""
+        failed = [
+            p
+            for p, o in zip(batch, outcomes, strict=True)
+            if p.on_conflict is not None and isinstance(o, BaseException)
+        ]
+        if failed:
+            yield from self._withdraw(failed)
+        keyed = [
+            p.message_id
+            for p, o in zip(batch, outcomes, strict=True)
+            if p.on_conflict is not None and not isinstance(o, BaseException)
+        ]
+        if not keyed:
+            return outcomes
+        follower = self.key_follower()
+        what = f"message {keyed[0]}" if len(keyed) == 1 else f"{len(keyed)} keyed messages"
+        try:
+            yield from read_back(
+                self.layout,
+                follower,
+                markers,
+                since_ms=clock.now_ms() - self.layout.max_delay_ms,
+                timeout=self.read_back_timeout,
+                what=what + (" was" if len(keyed) == 1 else " were"),
+            )
+        except RmqDelayError as exc:
+            return [
+                exc if p.on_conflict is not None and not isinstance(o, BaseException) else o
+                for p, o in zip(batch, outcomes, strict=True)
+            ]
+        return [
+            key_answer(follower.book, p, o)
+            if p.on_conflict is not None and isinstance(o, PublishResult)
+            else o
+            for p, o in zip(batch, outcomes, strict=True)
+        ]
+
+    def _withdraw(self, failed: list[Prepared]) -> Flow[None]:
+        now = clock.now_ms()
+        tombstones = [
+            JournalRecord(
+                "cancelled",
+                p.message_id,
+                p.destination,
+                ms_of_us(p.due_at_us),
+                int(p.headers.get(ATTEMPT, 1)),
+                recorded_at_ms=now,
+                key=p.key,
+            )
+            for p in failed
+        ]
+        try:
+            yield from journal_flows.append(self.layout, tombstones)
+        except Exception:  # the publish's own error is the one to raise
+            return
 
     def check_destination(self, destination: str) -> Flow[None]:
         validate_destination(self.layout, destination)
@@ -209,20 +358,23 @@ class PublisherCore:
                 raise failures.unknown_destination(self.layout, destination)
             self.known_destinations.add(destination)
 
-    def _send(self, batch: list[Prepared]) -> Flow[list[Outcome]]:
+    def _send(self, batch: list[Prepared], markers: list[str] | None = None) -> Flow[list[Outcome]]:
         """Send, then once more on another node what got no confirm in time or lost its
-        connection first: at-least-once, the same ids and due times (a copy may exist)."""
-        outcomes = yield from self._send_once(batch)
+        connection first: at-least-once, the same ids and due times (a copy may exist).
+        ``markers`` gets the marker of each confirmed journal write of keyed records."""
+        outcomes = yield from self._send_once(batch, markers)
         again = [i for i, o in enumerate(outcomes) if isinstance(o, _SEND_AGAIN)]
         if again:
             reasons = sorted({type(outcomes[i]).__name__ for i in again})
             if (yield Failover(f"{len(again)} of {len(batch)} unconfirmed ({', '.join(reasons)})")):
-                resent = yield from self._send_once([batch[i] for i in again])
+                resent = yield from self._send_once([batch[i] for i in again], markers)
                 for i, outcome in zip(again, resent, strict=True):
                     outcomes[i] = outcome
         return outcomes
 
-    def _send_once(self, batch: list[Prepared]) -> Flow[list[Outcome]]:
+    def _send_once(
+        self, batch: list[Prepared], markers: list[str] | None = None
+    ) -> Flow[list[Outcome]]:
         yield from self._check(p.destination for p in batch)
         if not self.layout.journal:
             outcomes: list[Outcome] = yield Send(batch)
@@ -234,9 +386,18 @@ class PublisherCore:
         # the records go in the same confirm window as the messages they describe
         chunks = [batch[i : i + RECORDS_PER_WRITE] for i in range(0, len(batch), RECORDS_PER_WRITE)]
         writes = [self.journal_write(chunk) for chunk in chunks]
+        marked = [w.marker for w in writes if w.marker is not None]
+        if marked:  # before sending: another publish may read past them first
+            self.key_follower().expect(marked)
         sent: list[Outcome] = yield Send([*batch, *writes])
         outcomes = sent[: len(batch)]
         for chunk_index, written in enumerate(sent[len(batch) :]):
+            marker = writes[chunk_index].marker
+            if marker is not None:
+                if isinstance(written, BaseException):
+                    self.key_follower().forget([marker])
+                elif markers is not None:
+                    markers.append(marker)
             if isinstance(written, BaseException):
                 start = chunk_index * RECORDS_PER_WRITE
                 for i in range(start, min(start + RECORDS_PER_WRITE, len(batch))):
@@ -249,10 +410,12 @@ class PublisherCore:
         due time, attempt, body size, headers (and the body, if ``journal_bodies``)."""
         recorded = clock.now_ms() if now_ms is None else now_ms
         lines = []
+        answers = False
         for p in batch:
             attempt = p.headers.get(ATTEMPT, 1)
             due_ms = ms_of_us(p.due_at_us)
             plain = len(p.headers) == 1 and ATTEMPT in p.headers and type(attempt) is int
+            answers = answers or p.on_conflict is not None
             if plain and not self.journal_bodies:
                 lines.append(
                     encode_scheduled(
@@ -267,11 +430,20 @@ class PublisherCore:
                 due_ms,
                 attempt=int(attempt),
                 body_size=len(p.body),
-                headers={k: v for k, v in p.headers.items() if k != ATTEMPT},
+                headers={k: v for k, v in p.headers.items() if k not in _NOT_RECORDED},
                 recorded_at_ms=recorded,
                 body=p.body if self.journal_bodies else None,
+                key=p.key,
+                on_conflict=p.on_conflict,
             )
             lines.append(encode_record(record))
+        marker = None
+        if answers:  # a keyed publish reads the journal up to here before it answers
+            marker_record = JournalRecord(
+                "marker", f"marker-{new_message_id()}", recorded_at_ms=recorded
+            )
+            marker = marker_record.message_id
+            lines.append(encode_record(marker_record))
         write_id = f"journal-{new_message_id()}"
         properties = journal_properties(write_id)
         return Prepared(
@@ -283,6 +455,7 @@ class PublisherCore:
             properties=cast(MessageProperties, {}),
             encoded_properties=encode_properties(properties),
             journal_records=len(lines),
+            marker=marker,
         )
 
     @staticmethod

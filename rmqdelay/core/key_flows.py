@@ -1,0 +1,160 @@
+"""A publisher's side of keys: reading the journal back after a keyed publish.
+
+The journal is the arbiter (:mod:`.keys`): whether a keyed publish was scheduled, ignored
+or replaced is what the fold of every record up to its own says, the same for every
+reader. So a keyed publish ends its journal write with a marker of its own, and once the
+write is confirmed, reads the journal until the marker comes back. The publisher keeps
+its :class:`KeyFollower` (the fold and the stream offset it has read to) and the adapter
+keeps the consumer open (:class:`~.journal_steps.Follow`), so a second keyed publish
+reads only what was written since the first.
+
+Pure: the adapters carry out the Follow step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+from ..errors import JournalError
+from .journal import decode_record
+from .journal_steps import Follow
+from .keys import Generation, KeyBook, Loser
+from .layout import Layout
+from .outgoing import Prepared, PublishResult
+from .steps import Flow
+
+__all__ = ["KeyFollower", "key_answer", "keyed_line", "read_back"]
+
+_SCHEDULED = b'"k":"scheduled"'
+_KEYED = b'"key":'
+
+
+def keyed_line(line: bytes) -> bool:
+    """Whether a journal line can matter to keys: anything but a ``scheduled`` record
+    without a key. A publisher follows every record every publisher writes, and most
+    are unkeyed; those are passed over undecoded (as ``Tombstones.wants`` does)."""
+    return _SCHEDULED not in line or _KEYED in line
+
+
+@dataclass
+class KeyFollower:
+    """The journal as a publisher has read it for keys: the fold, and where it stands.
+
+    ``take`` gets each stream message with its offset, in order, and skips one it was
+    given before (a consumer reopened after a lost connection starts where this stopped,
+    or earlier), so every record is folded exactly once.
+    """
+
+    book: KeyBook = field(default_factory=KeyBook)
+    """The fold of every keyed record read."""
+    next_offset: int | None = None
+    """The offset of the first stream message not read yet; None before the first read."""
+    expected: set[str] = field(default_factory=set)
+    """Markers of journal writes sent and not read back yet."""
+    seen: set[str] = field(default_factory=set)
+    """Markers read back and not yet claimed by the publish that waits for them."""
+
+    def take(self, offset: int, body: bytes) -> None:
+        if self.next_offset is not None and offset < self.next_offset:
+            return
+        self.next_offset = offset + 1
+        for line in body.split(b"\n"):
+            if not keyed_line(line):
+                continue
+            record = decode_record(line)
+            if record is None:
+                continue
+            if record.kind == "marker":
+                if record.message_id in self.expected:
+                    self.expected.discard(record.message_id)
+                    self.seen.add(record.message_id)
+                continue
+            self.book.add(record)
+
+    def expect(self, markers: Iterable[str]) -> None:
+        """Markers about to be written: noted before the write goes out, since another
+        publish of this publisher may read the journal past them first."""
+        self.expected.update(markers)
+
+    def forget(self, markers: Iterable[str]) -> None:
+        """Markers whose write failed: nobody waits for them."""
+        for marker in markers:
+            self.expected.discard(marker)
+            self.seen.discard(marker)
+
+    def reached(self, markers: Iterable[str]) -> bool:
+        return all(m in self.seen for m in markers)
+
+
+def read_back(
+    layout: Layout,
+    follower: KeyFollower,
+    markers: list[str],
+    *,
+    since_ms: int,
+    timeout: float,
+    what: str,
+) -> Flow[None]:
+    """Read the journal until every marker in ``markers`` came back.
+
+    ``since_ms``: where a first read starts (now - max_delay: every record that can
+    still matter). ``what`` names the messages for the error when the stream gives
+    nothing for ``timeout`` seconds.
+    """
+    from .failures import journal_missing
+    from .journal import journal_name
+
+    def take(offset: int, body: bytes) -> bool:
+        follower.take(offset, body)
+        return follower.reached(markers)
+
+    try:
+        if not follower.reached(markers):
+            name = journal_name(layout)
+            step = Follow(
+                name,
+                since_ms,
+                follower.next_offset,
+                take,
+                timeout,
+                lambda: follower.reached(markers),
+            )
+            end = yield step
+            if end == "missing":
+                raise journal_missing(layout)
+            if end != "done":
+                raise JournalError(
+                    f"{what} published and recorded, but reading the schedule journal "
+                    f"{name!r} back gave nothing for {timeout:g}s, so what the key made of it "
+                    "(scheduled, ignored or replaced) is unknown: publish it again with the "
+                    "same key and message_id (the same id is the same message, not a second one)"
+                )
+    finally:
+        follower.forget(markers)
+
+
+def key_answer(book: KeyBook, prepared: Prepared, result: PublishResult) -> PublishResult:
+    """A keyed publish's result, from the fold once it has read the publish's record:
+    ``ignored`` names the pending message (its id, due time and destination)."""
+    outcome, entry = book.outcome(prepared.message_id)
+    if isinstance(entry, Loser):
+        winner = book.by_id.get(entry.winner_id)
+        return replace(
+            result,
+            message_id=entry.winner_id,
+            due_at_ms=entry.winner_due_ms,
+            destination=winner.destination
+            if isinstance(winner, Generation)
+            else result.destination,
+            generation=winner.number if isinstance(winner, Generation) else None,
+            outcome="ignored",
+            ignored_id=prepared.message_id,
+        )
+    if not isinstance(entry, Generation):
+        return result  # not keyed under this id after all: nothing to add
+    replaced_id = None
+    if outcome == "replaced":
+        history = book.generations[entry.key]
+        replaced_id = history[history.index(entry) - 1].message_id
+    return replace(result, generation=entry.number, outcome=outcome, replaced_id=replaced_id)

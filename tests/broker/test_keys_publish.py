@@ -1,0 +1,123 @@
+"""Keyed publishes on a broker: the answer comes from reading the journal back.
+
+The publisher keeps its journal consumer between keyed publishes (a second reads only
+what is new); these check the answers (scheduled, ignored, replaced), that they agree
+across publishers, and that a lost reader is reopened where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rmqdelay import AsyncPublisher, ConfigurationError, InvalidMessageError, Publisher
+from rmqdelay.core.journal_flows import read
+from rmqdelay.core.messages import KEY
+from tests.helpers.worker_helpers import TestTopology
+
+
+def _key(topology: TestTopology, name: str) -> str:
+    return f"{topology.prefix}-{name}"
+
+
+def test_sync_keyed_publishes_answer_from_the_journal(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keyed")
+    settings = shared_topology.settings([dest])
+    key = _key(shared_topology, "order-42")
+    with Publisher(settings) as publisher:
+        first = publisher.publish(dest, {"n": 1}, delay="1m", key=key, on_conflict="ignore")
+        assert (first.outcome, first.generation, first.key) == ("scheduled", 1, key)
+        second = publisher.publish(dest, {"n": 2}, delay="2m", key=key, on_conflict="ignore")
+        assert second.outcome == "ignored"
+        assert (second.message_id, second.due_at_ms) == (first.message_id, first.due_at_ms)
+        assert second.ignored_id not in (None, first.message_id)
+        third = publisher.publish(dest, {"n": 3}, delay="3m", key=key, on_conflict="replace")
+        assert (third.outcome, third.generation, third.replaced_id) == (
+            "replaced",
+            2,
+            first.message_id,
+        )
+        plain = publisher.publish(dest, {"n": 4}, delay="1m")
+        assert (plain.outcome, plain.key, plain.generation) == ("scheduled", None, None)
+        # a second publisher, with a fold of its own, agrees
+        with Publisher(settings) as other:
+            fourth = other.publish(dest, {"n": 5}, delay="1m", key=key, on_conflict="ignore")
+        assert (fourth.outcome, fourth.message_id) == ("ignored", third.message_id)
+        # the first publisher's follower reads on from where it stopped
+        follower = publisher.core.key_follower()
+        before = follower.next_offset
+        fifth = publisher.publish(dest, {"n": 6}, delay="1m", key=key, on_conflict="ignore")
+        assert fifth.outcome == "ignored"
+        assert follower.next_offset is not None and before is not None
+        assert follower.next_offset > before
+
+
+def test_the_key_travels_in_a_header(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keyhdr")
+    settings = shared_topology.settings([dest])
+    key = _key(shared_topology, "hdr")
+    with Publisher(settings) as publisher:
+        result = publisher.publish(dest, b"x", delay=0, key=key, on_conflict="replace")
+        records = publisher._run(read(settings.layout))
+    mine = [r for r in records if r.message_id == result.message_id]
+    assert [(r.kind, r.key, r.on_conflict) for r in mine] == [("scheduled", key, "replace")]
+    assert KEY not in mine[0].headers  # the record holds it in its own field
+
+
+def test_publish_many_answers_each_keyed_request(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keymany")
+    settings = shared_topology.settings([dest])
+    keys = [_key(shared_topology, f"k{i}") for i in range(3)]
+    requests = [
+        {"destination": dest, "body": b"a", "delay": "1m", "key": k, "on_conflict": "ignore"}
+        for k in keys * 2
+    ] + [{"destination": dest, "body": b"plain", "delay": "1m"}]
+    with Publisher(settings) as publisher:
+        results = publisher.publish_many(requests)
+    assert [r.outcome for r in results] == ["scheduled"] * 3 + ["ignored"] * 3 + ["scheduled"]
+    assert [r.message_id for r in results[3:6]] == [r.message_id for r in results[:3]]
+
+
+def test_a_lost_reader_reads_on_from_its_offset(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keylost")
+    settings = shared_topology.settings([dest])
+    key = _key(shared_topology, "lost")
+    with Publisher(settings) as publisher:
+        first = publisher.publish(dest, b"1", delay="1m", key=key, on_conflict="ignore")
+        follower = publisher._follower
+        assert follower is not None and follower._connection is not None
+        follower._connection.close()  # as a missed heartbeat would
+        second = publisher.publish(dest, b"2", delay="1m", key=key, on_conflict="ignore")
+    assert (second.outcome, second.message_id) == ("ignored", first.message_id)
+
+
+def test_keys_need_the_journal_and_a_choice(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keyerr")
+    off = shared_topology.settings([dest]).model_copy(update={"schedule_journal": False})
+    with Publisher(off) as publisher, pytest.raises(ConfigurationError, match="schedule journal"):
+        publisher.publish(dest, b"x", delay="1m", key="k", on_conflict="ignore")
+    with Publisher(shared_topology.settings([dest])) as publisher:
+        with pytest.raises(InvalidMessageError, match='"ignore".*"replace"'):
+            publisher.publish(dest, b"x", delay="1m", key="k")
+
+
+def test_async_concurrent_keyed_publishes_agree(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keyasync")
+    settings = shared_topology.settings([dest])
+    key = _key(shared_topology, "async")
+
+    async def main() -> list[str]:
+        async with AsyncPublisher(settings) as publisher:
+            results = await asyncio.gather(
+                *(
+                    publisher.publish(dest, {"n": i}, delay="1m", key=key, on_conflict="ignore")
+                    for i in range(20)
+                )
+            )
+        winners = {r.message_id for r in results}
+        assert len(winners) == 1
+        return [r.outcome for r in results]
+
+    outcomes = asyncio.run(main())
+    assert sorted(outcomes) == ["ignored"] * 19 + ["scheduled"]
