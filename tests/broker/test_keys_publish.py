@@ -97,9 +97,11 @@ def test_keys_need_the_journal_and_a_choice(shared_topology: TestTopology) -> No
     off = shared_topology.settings([dest]).model_copy(update={"schedule_journal": False})
     with Publisher(off) as publisher, pytest.raises(ConfigurationError, match="schedule journal"):
         publisher.publish(dest, b"x", delay="1m", key="k", on_conflict="ignore")
-    with Publisher(shared_topology.settings([dest])) as publisher:
-        with pytest.raises(InvalidMessageError, match='"ignore".*"replace"'):
-            publisher.publish(dest, b"x", delay="1m", key="k")
+    with (
+        Publisher(shared_topology.settings([dest])) as publisher,
+        pytest.raises(InvalidMessageError, match=r'"ignore".*"replace"'),
+    ):
+        publisher.publish(dest, b"x", delay="1m", key="k")
 
 
 def test_async_concurrent_keyed_publishes_agree(shared_topology: TestTopology) -> None:
