@@ -1,0 +1,117 @@
+"""Keyed publishes without a broker: validation, the records, the answers, the follower."""
+
+from __future__ import annotations
+
+import pytest
+
+from rmqdelay import ConfigurationError, InvalidMessageError, PublishError, Settings
+from rmqdelay.core.journal import JournalRecord, encode_records
+from rmqdelay.core.key_flows import KeyFollower, keyed_line
+from rmqdelay.core.messages import KEY
+from rmqdelay.testing import InMemoryPublisher
+
+
+def test_a_key_needs_an_explicit_choice() -> None:
+    publisher = InMemoryPublisher()
+    with pytest.raises(InvalidMessageError, match=r'on_conflict="ignore".*on_conflict="replace"'):
+        publisher.publish("jobs", b"x", delay="1m", key="k")
+    with pytest.raises(InvalidMessageError, match="without key="):
+        publisher.publish("jobs", b"x", delay="1m", on_conflict="ignore")
+    with pytest.raises(InvalidMessageError, match="must be"):
+        publisher.publish("jobs", b"x", delay="1m", key="k", on_conflict="keep")  # type: ignore[arg-type]
+    with pytest.raises(InvalidMessageError, match="non-empty str"):
+        publisher.publish("jobs", b"x", delay="1m", key="", on_conflict="ignore")
+    with pytest.raises(InvalidMessageError, match="give the key once"):
+        publisher.publish(
+            "jobs", b"x", delay="1m", key="k", on_conflict="ignore", headers={KEY: "other"}
+        )
+    assert publisher.sent == []
+
+
+def test_a_key_needs_the_journal() -> None:
+    publisher = InMemoryPublisher(Settings(schedule_journal=False))
+    with pytest.raises(ConfigurationError, match="needs the schedule journal"):
+        publisher.publish("jobs", b"x", delay="1m", key="k", on_conflict="ignore")
+
+
+def test_outcomes_scheduled_ignored_replaced() -> None:
+    publisher = InMemoryPublisher()
+    first = publisher.publish("jobs", b"1", delay="1m", key="k", on_conflict="ignore")
+    assert (first.outcome, first.generation, first.key) == ("scheduled", 1, "k")
+    second = publisher.publish("jobs", b"2", delay="2m", key="k", on_conflict="ignore")
+    assert (second.outcome, second.message_id, second.due_at_ms) == (
+        "ignored",
+        first.message_id,
+        first.due_at_ms,
+    )
+    assert second.ignored_id == publisher.sent[1].message_id
+    third = publisher.publish("jobs", b"3", delay="3m", key="k", on_conflict="replace")
+    assert (third.outcome, third.generation, third.replaced_id) == ("replaced", 2, first.message_id)
+    assert [s.headers[KEY] for s in publisher.sent] == ["k"] * 3
+    recorded = [(r.key, r.on_conflict) for r in publisher.journal]
+    assert recorded == [("k", "ignore"), ("k", "ignore"), ("k", "replace")]
+
+
+def test_publish_many_answers_per_request() -> None:
+    publisher = InMemoryPublisher()
+    results = publisher.publish_many(
+        [
+            {
+                "destination": "jobs",
+                "body": b"a",
+                "delay": "1m",
+                "key": "a",
+                "on_conflict": "ignore",
+            },
+            {"destination": "jobs", "body": b"b", "delay": "1m"},
+            {
+                "destination": "jobs",
+                "body": b"c",
+                "delay": "2m",
+                "key": "a",
+                "on_conflict": "ignore",
+            },
+        ]
+    )
+    assert [r.outcome for r in results] == ["scheduled", "scheduled", "ignored"]
+    assert results[2].message_id == results[0].message_id
+    assert results[1].key is None
+
+
+def test_a_retry_carries_its_key_without_a_choice() -> None:
+    """A worker's retry republishes the headers: recorded with the key, no ``m``, no
+    read-back (it is the same message, not a new publish)."""
+    publisher = InMemoryPublisher()
+    first = publisher.publish("jobs", b"1", delay="1m", key="k", on_conflict="ignore")
+    retry = publisher.publish(
+        "jobs", b"1", delay="5m", headers=publisher.sent[0].headers, message_id=first.message_id
+    )
+    assert retry.key == "k" and retry.generation is None
+    assert (publisher.journal[-1].key, publisher.journal[-1].on_conflict) == ("k", None)
+
+
+def test_a_failed_keyed_publish_frees_its_key() -> None:
+    publisher = InMemoryPublisher()
+    publisher.fail_next("nack")
+    with pytest.raises(PublishError):
+        publisher.publish("jobs", b"1", delay="1m", key="k", on_conflict="ignore")
+    assert [r.kind for r in publisher.journal] == ["scheduled", "cancelled"]
+    again = publisher.publish("jobs", b"2", delay="1m", key="k", on_conflict="ignore")
+    assert (again.outcome, again.generation) == ("scheduled", 2)
+
+
+def test_the_follower_folds_each_message_once() -> None:
+    record = JournalRecord("scheduled", "a", "jobs", 10_000, key="k", on_conflict="ignore")
+    body = encode_records([record])
+    follower = KeyFollower()
+    follower.take(5, body)
+    follower.take(5, body)  # a consumer reopened earlier gives it again
+    follower.take(3, body)
+    assert follower.next_offset == 6 and len(follower.book) == 1
+
+
+def test_unkeyed_scheduled_lines_are_passed_over() -> None:
+    plain = encode_records([JournalRecord("scheduled", "a", "jobs", 1)])
+    keyed = encode_records([JournalRecord("scheduled", "a", "jobs", 1, key="k")])
+    tomb = encode_records([JournalRecord("cancelled", "a", "jobs", 1)])
+    assert (keyed_line(plain), keyed_line(keyed), keyed_line(tomb)) == (False, True, True)
