@@ -25,6 +25,7 @@ __all__ = [
     "PublishError",
     "PublishNackedError",
     "PublisherClosedError",
+    "RecurringError",
     "RmqDelayError",
     "TopologyConflictError",
     "TopologyError",
@@ -44,6 +45,11 @@ class ConfigurationError(RmqDelayError, ValueError):
 
 class DelayError(RmqDelayError, ValueError):
     """A delay or due time that cannot be planned: negative, too long, NaN, naive."""
+
+
+class RecurringError(RmqDelayError, ValueError):
+    """A recurring schedule that cannot be added or changed: its name, its rule, or a
+    schedule of that name that exists with another rule."""
 
 
 class InvalidBodyError(RmqDelayError, TypeError):
