@@ -29,6 +29,7 @@ from .journal import journal_step_async
 from .journal_follow import AsyncFollower
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
+from .recurring_api import AsyncRecurringMethods
 
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 
@@ -88,7 +89,8 @@ class AsyncPublisher(
         Coroutine[Any, Any, PublishResult],
         Coroutine[Any, Any, list[PublishResult]],
         Coroutine[Any, Any, None],
-    ]
+    ],
+    AsyncRecurringMethods,
 ):
     """Publish delayed messages with confirms, from asyncio code.
 

@@ -30,6 +30,7 @@ from .journal_follow import BlockingFollower
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
+from .recurring_api import RecurringMethods
 
 __all__ = ["Publisher", "pika_properties"]
 
@@ -37,7 +38,8 @@ T = TypeVar("T")
 
 
 class Publisher(
-    PublisherSurface[pika.BlockingConnection, PublishResult, list[PublishResult], None]
+    PublisherSurface[pika.BlockingConnection, PublishResult, list[PublishResult], None],
+    RecurringMethods,
 ):
     """Publish delayed messages with confirms, from synchronous code.
 

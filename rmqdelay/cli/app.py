@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from . import bridge, parked, publish, schedule, status, topology, worker
+from . import bridge, parked, publish, recurring, schedule, status, topology, worker
 from .options import Group
 
 __all__ = ["app", "main"]
@@ -73,6 +73,7 @@ for _command in (
     parked.app,
     schedule.scheduled_app,
     schedule.cancel_command,
+    recurring.app,
     status.status,
     bridge.app,
 ):

@@ -54,6 +54,7 @@ __all__ = [
     "RecurringResult",
     "RecurringSchedule",
     "Rule",
+    "State",
     "control_record",
     "new_chain",
     "occurrence_key",

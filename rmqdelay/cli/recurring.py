@@ -1,0 +1,224 @@
+"""``rmqdelay recurring``: add, list, pause, resume and remove recurring schedules."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from click.exceptions import Exit
+
+from ..core.clock import iso_of_ms, now_ms
+from .options import (
+    Group,
+    argument,
+    broker_options,
+    epilog,
+    friendly_errors,
+    out,
+    settings_from,
+    usage_error,
+)
+from .publish import _parse_at, _parse_headers
+
+if TYPE_CHECKING:
+    from ..core.recurring import RecurringResult
+
+__all__ = ["app"]
+
+app = Group(
+    "recurring",
+    help="Recurring schedules: a message on a cron rule or every so often, each occurrence "
+    "handled once (needs the schedule journal).",
+    no_args_is_help=True,
+)
+
+
+def _print(result: RecurringResult, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_json(), separators=(",", ":")), flush=True)
+        return
+    said = f"{result.name}: {result.outcome}"
+    if result.rule:
+        said += f" ({result.rule} to {result.destination})"
+    if result.next_ms is not None:
+        said += f", next {iso_of_ms(result.next_ms)}"
+    if result.cancelled:
+        said += f", cancelled the pending occurrence ({', '.join(result.cancelled)})"
+    print(said, flush=True)
+
+
+@app.command(
+    "add",
+    epilog=epilog(
+        "Each occurrence is an ordinary delayed message to DESTINATION with the key "
+        "recurring:NAME@<occurrence ms>; the worker that gets one publishes the next "
+        "(confirmed) before calling the handler, then acks, so a crash neither doubles "
+        "nor loses a firing. --cron follows DST as cron does (a time in the spring gap "
+        "fires right after it, a fixed time in the autumn repeat fires once); --every "
+        "is absolute time, counted from the Unix epoch (every 15m: :00, :15, :30, :45 "
+        "UTC) or from --first-at. Adding a schedule that exists with the same rule and "
+        "destination says 'exists'.",
+        "rmqdelay recurring add daily-report --cron '0 9 * * *' --tz Europe/Berlin "
+        '--destination reports \'{"kind": "daily"}\' --json',
+        "rmqdelay recurring add poll --every 15m --destination poller ping",
+    ),
+)
+@argument("name", help="The schedule's name: letters, digits, . _ : / -")
+@argument("body", help="The body of every occurrence; '-' reads standard input.", default="")
+@click.option("-d", "--destination", required=True, metavar="DESTINATION", help="Work queue.")
+@click.option("--cron", metavar="EXPR", help="5 fields: minute hour day month weekday.")
+@click.option("--tz", metavar="ZONE", help="With --cron: an IANA zone.  [default: UTC]")
+@click.option("--every", metavar="DURATION", help="e.g. 30s, 15m, 1h (at least 1s).")
+@click.option("--first-at", metavar="TIME", help="Not before: ISO 8601 with a timezone.")
+@click.option("-H", "--header", multiple=True, metavar="KEY=VALUE", help="k=v; repeat.")
+@click.option("--json", "as_json", is_flag=True, help="Send the body as JSON; print JSON.")
+@broker_options
+@friendly_errors
+def add(
+    name: str,
+    body: str,
+    destination: str,
+    cron: str | None,
+    tz: str | None,
+    every: str | None,
+    first_at: str | None,
+    header: tuple[str, ...],
+    as_json: bool,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
+) -> None:
+    """Add a recurring schedule and publish its first occurrence."""
+    if (cron is None) == (every is None):
+        raise usage_error("give exactly one of --cron or --every")
+    if tz is not None and cron is None:
+        raise usage_error("--tz goes with --cron (--every is absolute time)")
+    from ..core.recurring import parse_rule
+    from ..errors import RecurringError
+
+    try:  # the command line is read whole before anything connects: its mistakes exit 2
+        parse_rule(cron=cron, tz=tz, every=every)
+    except RecurringError as exc:
+        raise usage_error(str(exc)) from None
+    start = _parse_at(first_at) if first_at is not None else None
+    headers = _parse_headers(header)
+    text = sys.stdin.read() if body == "-" else body
+    payload: Any = text
+    if as_json:
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
+    settings = settings_from(url, prefix, config)
+    from ..amqp.publisher import Publisher
+
+    with Publisher(settings) as publisher:
+        result = publisher.add_recurring(
+            name,
+            destination,
+            payload,
+            cron=cron,
+            tz=tz,
+            every=every,
+            first_at=start,
+            headers=headers,
+        )
+    _print(result, as_json)
+
+
+def _switch(op: str, name: str, as_json: bool, url: Any, prefix: Any, config: Any) -> None:
+    settings = settings_from(url, prefix, config)
+    from ..amqp.publisher import Publisher
+
+    with Publisher(settings) as publisher:
+        call = {
+            "pause": publisher.pause_recurring,
+            "resume": publisher.resume_recurring,
+            "remove": publisher.remove_recurring,
+        }[op]
+        result = call(name)
+    _print(result, as_json)
+    if result.outcome == "unknown":
+        raise Exit(1)
+
+
+_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+@app.command("pause", epilog=epilog("Occurrences go on, unhandled, until resumed."))
+@argument("name", help="The schedule's name.")
+@_JSON
+@broker_options
+@friendly_errors
+def pause(
+    name: str, as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None
+) -> None:
+    """Pause a schedule: no handler runs until it is resumed. Exits 1 if unknown."""
+    _switch("pause", name, as_json, url, prefix, config)
+
+
+@app.command("resume", epilog=epilog("The occurrences missed while paused are not run late."))
+@argument("name", help="The schedule's name.")
+@_JSON
+@broker_options
+@friendly_errors
+def resume(
+    name: str, as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None
+) -> None:
+    """Resume a paused schedule from its next occurrence. Exits 1 if unknown."""
+    _switch("resume", name, as_json, url, prefix, config)
+
+
+@app.command("remove", epilog=epilog("The chain ends; its pending occurrence is cancelled."))
+@argument("name", help="The schedule's name.")
+@_JSON
+@broker_options
+@friendly_errors
+def remove(
+    name: str, as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None
+) -> None:
+    """Remove a schedule and cancel its pending occurrence. Exits 1 if unknown."""
+    _switch("remove", name, as_json, url, prefix, config)
+
+
+@app.command("list", epilog=epilog("", "rmqdelay recurring list --json"))
+@_JSON
+@broker_options
+@friendly_errors
+def list_(as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None) -> None:
+    """List the schedules (not removed) with their state and next and last occurrences."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    settings = settings_from(url, prefix, config)
+    from ..amqp.publisher import Publisher
+
+    with Publisher(settings) as publisher:
+        schedules = publisher.list_recurring()
+    now = now_ms()
+    if as_json:
+        for schedule in schedules:
+            print(json.dumps(schedule.to_json(now), separators=(",", ":")))
+        return
+
+    def when(ms: int | None) -> str:
+        return "-" if ms is None else iso_of_ms(ms)
+
+    table = Table("name", "rule", "destination", "state", "next (UTC)", "last (UTC)")
+    for s in schedules:
+        table.add_row(
+            escape(s.name),
+            escape(s.rule.describe()),
+            escape(s.destination),
+            s.state,
+            when(s.next_occurrence(now)),
+            when(s.last_occurrence(now)),
+        )
+    out(emoji=False).print(table)
+    active = sum(s.state == "active" for s in schedules)
+    out(emoji=False).print(
+        f"{len(schedules)} schedule(s): {active} active, {len(schedules) - active} paused"
+    )
