@@ -68,9 +68,7 @@ def _render(status: Status) -> Group:
             if tier.past_due:
                 past_due = f"[bold red]{past_due}[/]"
             held = _held(tier.past_due_for_s) if tier.past_due else ""
-            tiers.add_row(
-                tier.queue, format_ms(tier.ttl_ms), _n(tier.messages), past_due, held
-            )
+            tiers.add_row(tier.queue, format_ms(tier.ttl_ms), _n(tier.messages), past_due, held)
     work = Table("destination", "ready", "unacked", "consumers", title="work queues")
     for row in status.destinations:
         work.add_row(row.destination, _n(row.ready), _n(row.unacked), _n(row.consumers))
@@ -93,6 +91,12 @@ def _render(status: Status) -> Group:
             "past time: expired, held until the next queue takes them; how long cannot be "
             "told from one snapshot: `status --watch` or `--check` watch them"
         )
+    if status.recurring is not None:
+        counts = status.recurring
+        lines.append(
+            f"recurring schedules: {counts.get('active', 0):,} active, "
+            f"{counts.get('paused', 0):,} paused"
+        )
     lines.append(f"source: {status.source}")
     if status.missing:
         lines.append(
@@ -114,6 +118,7 @@ def _render(status: Status) -> Group:
         "rmqdelay status --watch",
         "rmqdelay status --prometheus",
         "rmqdelay status --parked-by-destination",
+        "rmqdelay status --recurring",
         "rmqdelay status --check --stuck-after 2m",
     ),
 )
@@ -144,6 +149,12 @@ def _render(status: Status) -> Group:
     help="Read at most this many parked messages for --parked-by-destination.",
 )
 @click.option(
+    "--recurring",
+    is_flag=True,
+    help="Also count recurring schedules (active, paused). This reads the schedule "
+    "journal, so it takes longer as the journal grows.",
+)
+@click.option(
     "--check",
     is_flag=True,
     help="Exit 3 when a tier has held messages past their time (expired, waiting for "
@@ -168,6 +179,7 @@ def status(
     amqp_only: bool,
     parked_by_destination: bool,
     parked_limit: int,
+    recurring: bool,
     check: bool,
     stuck_after: str,
     url: tuple[str, ...],
@@ -186,12 +198,22 @@ def status(
     from ..core.status import PastDueWatch, prometheus_text
 
     def snapshot() -> Status:
-        return gather_status(
+        found = gather_status(
             settings,
             list(destination) or None,
             use_management=not amqp_only,
             parked_peek=parked_limit if parked_by_destination else None,
         )
+        if not recurring:
+            return found
+        from ..amqp.publisher import Publisher
+
+        with Publisher(settings) as publisher:
+            schedules = publisher.list_recurring()
+        counts = {"active": 0, "paused": 0}
+        for schedule in schedules:
+            counts[schedule.state] = counts.get(schedule.state, 0) + 1
+        return dataclasses.replace(found, recurring=counts)
 
     stuck: list[StuckTier] = []
     if check:

@@ -123,6 +123,9 @@ class Status:
     """Queues of the layout the broker does not have: run ``topology apply``."""
     parked_by_destination: ParkedBreakdown | None = None
     """Only when asked for (``--parked-by-destination``): it reads the parked messages."""
+    recurring: dict[str, int] | None = None
+    """Recurring schedules by state (active, paused); only when asked for
+    (``--recurring``): it reads the schedule journal."""
 
     @property
     def scheduled(self) -> int:
@@ -330,4 +333,13 @@ def prometheus_text(status: Status) -> str:
             if value is not None:
                 labels = f'prefix="{prefix}",destination="{_escape(row.destination)}"'
                 lines.append(f'rmqdelay_work_queue_messages{{{labels},state="{state}"}} {value}')
+    if status.recurring is not None:
+        lines += [
+            "# HELP rmqdelay_recurring_schedules Recurring schedules by state.",
+            "# TYPE rmqdelay_recurring_schedules gauge",
+        ]
+        for state, count in sorted(status.recurring.items()):
+            lines.append(
+                f'rmqdelay_recurring_schedules{{prefix="{prefix}",state="{state}"}} {count}'
+            )
     return "\n".join(lines) + "\n"

@@ -23,6 +23,8 @@ __all__ = [
     "PARKED",
     "PAST_DUE",
     "PAST_DUE_SECONDS",
+    "RECURRING_OCCURRENCES",
+    "RECURRING_SCHEDULES",
     "SCHEDULED",
     "MetricsHook",
     "refresh_queue_gauges",
@@ -152,3 +154,18 @@ def refresh_queue_gauges(
     thread = threading.Thread(target=loop, name="rmqdelay-queue-gauges", daemon=True)
     thread.start()
     return thread
+
+
+RECURRING_SCHEDULES = Gauge(
+    "rmqdelay_recurring_schedules",
+    "Recurring schedules by state (active, paused), as the worker's journal tail has "
+    "read them: control records and occurrences.",
+    ["state"],
+)
+RECURRING_OCCURRENCES = Counter(
+    "rmqdelay_recurring_occurrences",
+    "Occurrences of recurring schedules a worker admitted, by destination and state: "
+    "active (next one published, handler called), paused (next one published, not "
+    "handled), removed or replaced (dropped, the chain ends).",
+    ["destination", "state"],
+)

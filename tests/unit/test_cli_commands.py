@@ -74,6 +74,7 @@ COMMAND_LINE: dict[str, list[str]] = {
         "--amqp-only",
         "--parked-by-destination",
         "--parked-limit",
+        "--recurring",
         "--check",
         "--stuck-after",
         *SHARED,
@@ -99,6 +100,23 @@ COMMAND_LINE: dict[str, list[str]] = {
         "--metrics-port",
         *SHARED,
     ],
+    "recurring": [],
+    "recurring add": [
+        "NAME",
+        "BODY",
+        *DESTINATIONS,
+        "--cron",
+        "--tz",
+        "--every",
+        "--first-at",
+        "-H/--header",
+        "--json",
+        *SHARED,
+    ],
+    "recurring pause": ["NAME", "--json", *SHARED],
+    "recurring resume": ["NAME", "--json", *SHARED],
+    "recurring remove": ["NAME", "--json", *SHARED],
+    "recurring list": ["--json", *SHARED],
 }
 # the commands of each group, in the order the help lists them
 GROUPS = {
@@ -110,6 +128,7 @@ GROUPS = {
         "parked",
         "scheduled",
         "cancel",
+        "recurring",
         "status",
         "bridge",
     ],
@@ -117,6 +136,7 @@ GROUPS = {
     "parked": ["list", "replay", "purge"],
     "scheduled": ["list"],
     "bridge": ["declare", "run"],
+    "recurring": ["add", "pause", "resume", "remove", "list"],
 }
 
 

@@ -339,3 +339,21 @@ def test_the_book_is_idempotent(steps: list[tuple[str, str]], again: int) -> Non
     assert {n: (s.chain, s.state) for n, s in once.schedules.items()} == {
         n: (s.chain, s.state) for n, s in twice.schedules.items()
     }
+
+
+def test_status_counts_recurring_schedules_when_asked() -> None:
+    from dataclasses import replace
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rmqdelay.core.status import build_status, prometheus_text
+    from rmqdelay.settings import Settings
+
+    layout = Settings(prefix="shop", max_delay="10m").layout
+    status = build_status(layout, {}, [], "test")
+    assert "rmqdelay_recurring_schedules" not in prometheus_text(status)  # not asked
+    asked = replace(status, recurring={"active": 2, "paused": 1})
+    assert asked.to_json()["recurring"] == {"active": 2, "paused": 1}
+    families = {f.name: f for f in text_string_to_metric_families(prometheus_text(asked))}
+    samples = {s.labels["state"]: s.value for s in families["rmqdelay_recurring_schedules"].samples}
+    assert samples == {"active": 2, "paused": 1}
