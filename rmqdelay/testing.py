@@ -32,6 +32,7 @@ from .core.journal import (
 from .core.journal_steps import Append, Follow, Read, ReadEnd
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
+from .core.reschedule import RescheduleResult
 from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
 from .settings import Settings
 
@@ -194,12 +195,22 @@ class _Memory:
     def _check_destination(self, destination: str) -> None:
         self._run(self.core.check_destination(destination))
 
-    def _cancel(self, message_ids: Iterable[str]) -> list[CancelResult]:
+    def _cancel(self, message_ids: Iterable[str], keys: Iterable[str]) -> list[CancelResult]:
         layout = self.core.layout
-        return self._run(journal_flows.cancel(layout, message_ids, clock=self._now_ms))
+        keys = (keys,) if isinstance(keys, str) else keys
+        return self._run(journal_flows.cancel(layout, message_ids, keys=keys, clock=self._now_ms))
+
+    def _reschedule(
+        self, target: str, delay: DurationLike | None, at: datetime | None
+    ) -> RescheduleResult:
+        return self._run(self.core.reschedule(target, delay=delay, at=at))
 
     def _list_scheduled(
-        self, destination: str | None, due_before: datetime | None, limit: int | None
+        self,
+        destination: str | None,
+        due_before: datetime | None,
+        limit: int | None,
+        key: str | None = None,
     ) -> list[JournalRecord]:
         return self._run(
             journal_flows.list_scheduled(
@@ -207,6 +218,7 @@ class _Memory:
                 destination=destination,
                 due_before_ms=None if due_before is None else clock.ms_of_datetime(due_before),
                 limit=limit,
+                key=key,
                 clock=self._now_ms,
             )
         )
@@ -354,9 +366,16 @@ class InMemoryPublisher(_Memory):
     def check_destination(self, destination: str) -> None:
         self._check_destination(destination)
 
-    def cancel(self, *message_ids: str) -> list[CancelResult]:
+    def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
         """:meth:`rmqdelay.Publisher.cancel` against this publisher's journal."""
-        return self._cancel(message_ids)
+        return self._cancel(message_ids, keys)
+
+    def reschedule(
+        self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None
+    ) -> RescheduleResult:
+        """:meth:`rmqdelay.Publisher.reschedule` against this publisher's journal (the
+        wall clock's time, not :meth:`advance`'s)."""
+        return self._reschedule(id_or_key, delay, at)
 
     def list_scheduled(
         self,
@@ -364,8 +383,9 @@ class InMemoryPublisher(_Memory):
         destination: str | None = None,
         due_before: datetime | None = None,
         limit: int | None = None,
+        key: str | None = None,
     ) -> list[JournalRecord]:
-        return self._list_scheduled(destination, due_before, limit)
+        return self._list_scheduled(destination, due_before, limit, key)
 
 
 class AsyncInMemoryPublisher(_Memory):
@@ -395,8 +415,13 @@ class AsyncInMemoryPublisher(_Memory):
     async def check_destination(self, destination: str) -> None:
         self._check_destination(destination)
 
-    async def cancel(self, *message_ids: str) -> list[CancelResult]:
-        return self._cancel(message_ids)
+    async def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
+        return self._cancel(message_ids, keys)
+
+    async def reschedule(
+        self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None
+    ) -> RescheduleResult:
+        return self._reschedule(id_or_key, delay, at)
 
     async def list_scheduled(
         self,
@@ -404,5 +429,6 @@ class AsyncInMemoryPublisher(_Memory):
         destination: str | None = None,
         due_before: datetime | None = None,
         limit: int | None = None,
+        key: str | None = None,
     ) -> list[JournalRecord]:
-        return self._list_scheduled(destination, due_before, limit)
+        return self._list_scheduled(destination, due_before, limit, key)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
@@ -18,9 +18,11 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
+from ..core.durations import DurationLike
 from ..core.journal import CancelResult, JournalRecord
 from ..core.journal_steps import Follow
 from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from ..core.reschedule import RescheduleResult
 from ..core.steps import CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
@@ -138,9 +140,19 @@ class AsyncPublisher(
 
     # ------------------------------------------------------------------ the journal
 
-    async def cancel(self, *message_ids: str) -> list[CancelResult]:
+    async def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
         """:meth:`rmqdelay.Publisher.cancel`, from asyncio code."""
-        return await self._run(self._cancel_flow(message_ids))
+        return await self._run(self._cancel_flow(message_ids, keys))
+
+    async def reschedule(
+        self,
+        id_or_key: str,
+        *,
+        delay: DurationLike | None = None,
+        at: datetime | None = None,
+    ) -> RescheduleResult:
+        """:meth:`rmqdelay.Publisher.reschedule`, from asyncio code."""
+        return await self._run(self._reschedule_flow(id_or_key, delay, at))
 
     async def list_scheduled(
         self,
@@ -149,9 +161,10 @@ class AsyncPublisher(
         due_before: datetime | None = None,
         limit: int | None = None,
         progress: Callable[[int], None] | None = None,
+        key: str | None = None,
     ) -> list[JournalRecord]:
         """:meth:`rmqdelay.Publisher.list_scheduled`, from asyncio code."""
-        return await self._run(self._list_flow(destination, due_before, limit, progress))
+        return await self._run(self._list_flow(destination, due_before, limit, progress, key))
 
     # ------------------------------------------------------------------ connection
 

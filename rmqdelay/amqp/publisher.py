@@ -12,15 +12,17 @@ publish.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TypeVar
 
 import pika
 
+from ..core.durations import DurationLike
 from ..core.journal import CancelResult, JournalRecord
 from ..core.journal_steps import Append, Follow, Read
 from ..core.outgoing import Outcome, Prepared, PublishResult
+from ..core.reschedule import RescheduleResult
 from ..core.steps import CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
@@ -78,15 +80,37 @@ class Publisher(
 
     # ------------------------------------------------------------------ the journal
 
-    def cancel(self, *message_ids: str) -> list[CancelResult]:
+    def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
         """Cancel scheduled messages: a confirmed tombstone in the schedule journal for
         each id with a copy still ahead, naming every copy (an id sent again after a
         failed confirm has one per due time). Each result says ``cancelled`` (with the
         due time and ``copies``), ``unknown`` (no record) or ``too late`` (every copy due
         already: it may have been delivered). A :class:`~rmqdelay.Worker` acks a
         cancelled copy without calling its handler.
+        ``keys``: cancel the current message of each key too (its latest generation; the
+        key is free again); those results come after the ids', each naming its key.
         """
-        return self._run(self._cancel_flow(message_ids))
+        return self._run(self._cancel_flow(message_ids, keys))
+
+    def reschedule(
+        self,
+        id_or_key: str,
+        *,
+        delay: DurationLike | None = None,
+        at: datetime | None = None,
+    ) -> RescheduleResult:
+        """Move a scheduled message to a new due time: ``delay`` from now, or ``at``.
+
+        ``id_or_key``: a message id, or a key (its current message). The result's
+        ``outcome`` is ``rescheduled``, or why not: ``handled``, ``cancelled``, ``due``
+        (already due: handled or on its way), ``ignored`` or ``replaced`` (a keyed
+        publish that lost its key), ``unknown`` (no record). A later time is one record
+        in the journal (a worker forwards the old copy when it comes out); an earlier one
+        publishes a fresh copy from the body in the journal, so it needs
+        ``journal_bodies`` (ConfigurationError otherwise). A worker handles the message
+        once, at the new time.
+        """
+        return self._run(self._reschedule_flow(id_or_key, delay, at))
 
     def list_scheduled(
         self,
@@ -95,12 +119,14 @@ class Publisher(
         due_before: datetime | None = None,
         limit: int | None = None,
         progress: Callable[[int], None] | None = None,
+        key: str | None = None,
     ) -> list[JournalRecord]:
         """What the journal says is still ahead and not cancelled, soonest first (what was
         published while the journal was on): a record per copy, so an id sent again with
         another due time shows once for each. ``progress``, if given, is called with the
-        count of records read, every 1,000 (a long journal takes seconds)."""
-        return self._run(self._list_flow(destination, due_before, limit, progress))
+        count of records read, every 1,000 (a long journal takes seconds). ``key``: only
+        the messages with this key."""
+        return self._run(self._list_flow(destination, due_before, limit, progress, key))
 
     # ------------------------------------------------------------------ connection
 

@@ -17,10 +17,12 @@ from typing_extensions import Unpack
 
 from ..core import journal_flows
 from ..core.clock import ms_of_datetime
+from ..core.durations import DurationLike
 from ..core.journal import CancelResult, JournalRecord
 from ..core.journal_flows import JournalFlow
 from ..core.outgoing import PublishOptions
 from ..core.publisher_core import PublisherCore
+from ..core.reschedule import RescheduleResult
 from ..core.steps import RECONNECT_PAUSES, Flow
 from ..settings import Settings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
@@ -142,10 +144,22 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         """Raise UnknownDestinationError unless the work queue exists (passive, cached)."""
         return cast(NoneT, self._run(self.core.check_destination(destination)))
 
-    def _cancel_flow(self, message_ids: Iterable[str]) -> JournalFlow[list[CancelResult]]:
+    def _cancel_flow(
+        self, message_ids: Iterable[str], keys: Iterable[str] = ()
+    ) -> JournalFlow[list[CancelResult]]:
         """The flow of ``cancel``, which each adapter runs (:mod:`..core.journal_flows`)."""
+        if isinstance(keys, str):
+            keys = (keys,)  # keys="order-42" means that key, not its letters
         return journal_flows.cancel(
-            self.core.layout, message_ids, timeout=self.settings.confirm_timeout
+            self.core.layout, message_ids, keys=keys, timeout=self.settings.confirm_timeout
+        )
+
+    def _reschedule_flow(
+        self, target: str, delay: DurationLike | None, at: datetime | None
+    ) -> Flow[RescheduleResult]:
+        """The flow of ``reschedule``."""
+        return self.core.reschedule(
+            target, delay=delay, at=at, timeout=self.settings.confirm_timeout
         )
 
     def _list_flow(
@@ -154,6 +168,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         due_before: datetime | None,
         limit: int | None,
         progress: Callable[[int], None] | None,
+        key: str | None = None,
     ) -> JournalFlow[list[JournalRecord]]:
         """The flow of ``list_scheduled``."""
         return journal_flows.list_scheduled(
@@ -163,4 +178,5 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
             limit=limit,
             timeout=self.settings.confirm_timeout,
             progress=progress,
+            key=key,
         )

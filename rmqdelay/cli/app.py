@@ -73,6 +73,7 @@ for _command in (
     parked.app,
     schedule.scheduled_app,
     schedule.cancel_command,
+    schedule.reschedule_command,
     recurring.app,
     status.status,
     bridge.app,

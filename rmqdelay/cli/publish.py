@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 from click.exceptions import Exit
@@ -28,6 +28,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:
+    from ..core.outgoing import ConflictChoice, PublishResult
     from ..settings import Settings
     from ..worker import Delivery, Settled
 
@@ -65,6 +66,7 @@ def _parse_at(text: str) -> datetime:
         "",
         "rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m",
         "echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z",
+        "rmqdelay publish reminders hi --delay 1h --key order-42 --on-conflict ignore",
     ),
 )
 @argument("destination", help="The destination (work queue name).")
@@ -74,6 +76,17 @@ def _parse_at(text: str) -> datetime:
 @click.option("-H", "--header", multiple=True, metavar="KEY=VALUE", help="k=v; repeat.")
 @click.option("--message-id", metavar="ID", help="Default: a new uuid.")
 @click.option("--json", "as_json", is_flag=True, help="Send the body as JSON.")
+@click.option(
+    "--key",
+    metavar="KEY",
+    help="At most one pending message per key (needs the schedule journal).",
+)
+@click.option(
+    "--on-conflict",
+    type=click.Choice(["ignore", "replace"]),
+    metavar="MODE",
+    help="With --key, required: ignore (keep the pending message) or replace it.",
+)
 @broker_options
 @friendly_errors
 def publish(
@@ -84,13 +97,25 @@ def publish(
     header: tuple[str, ...],
     message_id: str | None,
     as_json: bool,
+    key: str | None,
+    on_conflict: str | None,
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
 ) -> None:
-    """Publish one delayed message and print its id and due time."""
+    """Publish one delayed message and print its id and due time.
+
+    With --key: what the key made of it (scheduled, ignored while another message with
+    the key is pending: that message's id and due time, or replaced)."""
     if (delay is None) == (at is None):
         raise usage_error("give exactly one of --delay or --at")
+    if key is not None and on_conflict is None:
+        raise usage_error(
+            f"--key {key!r} needs --on-conflict: ignore (keep the pending message with that "
+            "key, drop this one) or replace (drop the pending one, schedule this)"
+        )
+    if on_conflict is not None and key is None:
+        raise usage_error("--on-conflict is for a keyed publish: give --key too")
     # the command line is read whole before anything connects: its mistakes exit 2
     if delay is not None:
         duration_us(delay, "--delay")
@@ -114,10 +139,24 @@ def publish(
             at=due_at,
             headers=headers,
             message_id=message_id,
+            key=key,
+            on_conflict=cast("ConflictChoice | None", on_conflict),
         )
     due = iso_of_ms(result.due_at_ms)
     # plain print, not rich: one line as is, never wrapped, and no rich import (start-up)
-    print(f"{result.message_id} due {due}", flush=True)
+    print(f"{result.message_id} due {due}{_keyed(result)}", flush=True)
+
+
+def _keyed(result: PublishResult) -> str:
+    """What the key made of a publish, after its id and due time."""
+    if result.key is None:
+        return ""
+    said = f" key {result.key} generation {result.generation}"
+    if result.outcome == "ignored":
+        return f"{said} ignored: that message was pending; {result.ignored_id} is dropped"
+    if result.outcome == "replaced":
+        return f"{said} replaced {result.replaced_id}"
+    return f"{said} scheduled"
 
 
 def _plain(value: Any) -> Any:

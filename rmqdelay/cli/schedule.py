@@ -27,8 +27,12 @@ from .options import (
 
 if TYPE_CHECKING:
     from ..core.journal import CancelResult, JournalRecord
+    from ..core.reschedule import RescheduleResult
 
-__all__ = ["cancel_command", "scheduled_app"]
+__all__ = ["cancel_command", "reschedule_command", "scheduled_app"]
+
+RECURRING = "rmqdelay-recurring"
+"""The header naming the recurring schedule a message is an occurrence of."""
 
 # The broker clients, the settings and rich are imported when a command runs: see options.
 # Output is printed with emoji off: ids are the user's (no ':smile:' emoji), markup escaped.
@@ -69,8 +73,12 @@ def _due_before(text: str | None) -> datetime | None:
         "(schedule_journal = true), read from the `{prefix}.schedule` stream, minus what "
         "was cancelled or is already due. An id published more than once (a publish sent "
         "again after its confirm failed, a retry) shows one row per copy still ahead, "
-        "with a copy column (2/3: its second copy of three).",
+        "with a copy column (2/3: its second copy of three). Keyed messages show their key "
+        "and generation (the key's winners, counted in the journal read), occurrences of a "
+        "recurring schedule its name; a publish ignored or replaced under its key is not "
+        "listed, a rescheduled message shows at its new time.",
         "rmqdelay scheduled list --destination orders-timeout --limit 20",
+        "rmqdelay scheduled list --key order-42 --json",
         "rmqdelay scheduled list --due-before 10m --json",
     ),
 )
@@ -84,6 +92,7 @@ def _due_before(text: str | None) -> datetime | None:
     metavar="N",
     help="At most this many, soonest first.",
 )
+@click.option("--key", metavar="KEY", help="Only the messages with this key.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @broker_options
 @friendly_errors
@@ -91,6 +100,7 @@ def scheduled_list(
     destination: str | None,
     due_before: str | None,
     limit: int | None,
+    key: str | None,
     as_json: bool,
     url: tuple[str, ...],
     prefix: str | None,
@@ -103,7 +113,8 @@ def scheduled_list(
     from rich.table import Table
 
     from ..amqp.publisher import Publisher
-    from ..core.journal_flows import require_journal
+    from ..core.clock import ms_of_datetime
+    from ..core.journal_flows import require_journal, scheduled_rows
 
     before = _due_before(due_before)
     settings = settings_from(url, prefix, config)
@@ -126,10 +137,21 @@ def scheduled_list(
             visible = time.monotonic() - started > _PROGRESS_AFTER_S
             progress.update(task, completed=count, visible=visible)
 
-        found = publisher.list_scheduled(destination=destination, due_before=before, progress=seen)
+        rows = publisher._run(
+            scheduled_rows(
+                settings.layout,
+                destination=destination,
+                due_before_ms=None if before is None else ms_of_datetime(before),
+                timeout=settings.confirm_timeout,
+                progress=seen,
+                key=key,
+            )
+        )
+    found = [record for record, _ in rows]
     # copies are counted over everything the filters let through, then --limit cuts
     copy, copies = _number_copies(found)
     shown = found if limit is None else found[:limit]
+    generation = [g for _, g in rows]
     if as_json:
         for i, record in enumerate(shown):
             row = {
@@ -141,12 +163,18 @@ def scheduled_list(
                 "headers": dict(record.headers),
                 "copy": copy[i],
                 "copies": copies[record.message_id],
+                "key": record.key,
+                "generation": generation[i],
+                "recurring": _recurring(record),
             }
             print(json.dumps(row, separators=(",", ":")))
         return
     several = len({r.message_id for r in shown if copies[r.message_id] > 1})
+    keyed = any(r.key is not None for r in shown)
+    recurring = any(_recurring(r) is not None for r in shown)
     columns = ["due at (UTC)", "destination", "message id", "attempt", "bytes"]
-    table = Table(*columns, *(["copy"] if several else []))
+    extra = [*(["key", "gen"] if keyed else []), *(["recurring"] if recurring else [])]
+    table = Table(*columns, *extra, *(["copy"] if several else []))
     for i, record in enumerate(shown):
         cells = [
             iso_of_ms(record.due_at_ms),
@@ -155,12 +183,22 @@ def scheduled_list(
             str(record.attempt),
             str(record.body_size),
         ]
+        if keyed:
+            cells += [escape(record.key or ""), str(generation[i] or "")]
+        if recurring:
+            cells.append(escape(_recurring(record) or ""))
         table.add_row(*cells, *([f"{copy[i]}/{copies[record.message_id]}"] if several else []))
     out(emoji=False).print(table)
     summary = f"{len(shown)} scheduled"
     if several:
         summary += f" ({several} message id(s) with more than one copy ahead)"
     out(emoji=False).print(summary)
+
+
+def _recurring(record: JournalRecord) -> str | None:
+    """The recurring schedule a copy is an occurrence of (its ``rmqdelay-recurring``)."""
+    name = record.headers.get(RECURRING)
+    return None if name is None else str(name)
 
 
 def _number_copies(found: list[JournalRecord]) -> tuple[list[int], dict[str, int]]:
@@ -181,16 +219,20 @@ def _number_copies(found: list[JournalRecord]) -> tuple[list[int], dict[str, int
         "due; a plain AMQP consumer does not know about cancels. Every copy of an id "
         "is cancelled (one id can wait as several copies: a publish sent again after its "
         "confirm failed, a retry); 'too late' means every copy is due already. Exits 0 "
-        "only when every id was cancelled.",
+        "only when every id was cancelled. --key cancels a key's current message (the key "
+        "is then free for the next publish).",
         "rmqdelay cancel 3f2b... 9c1d... --json",
+        "rmqdelay cancel --key order-42",
     ),
 )
-@argument("message_ids", nargs=-1, required=True, help="Message ids to cancel.")
+@argument("message_ids", nargs=-1, required=False, help="Message ids to cancel.")
+@click.option("--key", "keys", multiple=True, metavar="KEY", help="A key to cancel; repeat.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per id.")
 @broker_options
 @friendly_errors
 def cancel_command(
     message_ids: tuple[str, ...],
+    keys: tuple[str, ...],
     as_json: bool,
     url: tuple[str, ...],
     prefix: str | None,
@@ -202,13 +244,23 @@ def cancel_command(
     from ..amqp.publisher import Publisher
     from ..core.journal_flows import require_journal
 
+    if not message_ids and not keys:
+        raise usage_error("give message ids to cancel, or --key KEY")
     settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`cancel`")
     with Publisher(settings) as publisher:
-        results = publisher.cancel(*message_ids)
+        results = publisher.cancel(*message_ids, keys=keys)
     for result in results:
         if as_json:
             print(json.dumps(result.to_json(), separators=(",", ":")))
+        elif result.key is not None:
+            what = f"key {escape(result.key)}"
+            if result.message_id:
+                what += f" ({escape(result.message_id)})"
+            said = _said(result)
+            if not result.message_id:
+                said = "unknown (no message with this key in the schedule journal)"
+            out(emoji=False).print(f"{what}: {said}")
         else:
             out(emoji=False).print(f"{escape(result.message_id)}: {_said(result)}")
     if any(r.outcome != "cancelled" for r in results):
@@ -235,3 +287,77 @@ def _said(result: CancelResult) -> str:
             )
         return f"too late (due {due}; it may have been delivered)"
     return "unknown (no record in the schedule journal)"
+
+
+@click.command(
+    "reschedule",
+    cls=Command,
+    epilog=epilog(
+        "ID_OR_KEY is a message id or a key (its current message). A later time is one "
+        "record in the schedule journal: the worker forwards the waiting copy when it "
+        "comes out. An earlier time publishes a fresh copy from the body in the journal, "
+        "so the message must have been published with journal_bodies = true. Either way a "
+        "worker handles it once, at the new time. Exits 0 only when it was rescheduled; "
+        "otherwise says why: handled, cancelled, due (already due), ignored or replaced "
+        "(under its key), unknown.",
+        "rmqdelay reschedule order-42 --in 2h",
+        "rmqdelay reschedule 3f2b... --at 2026-12-01T09:00:00Z --json",
+    ),
+)
+@argument("id_or_key", help="A message id, or a key.")
+@click.option("--in", "delay", metavar="DURATION", help="The new due time from now: 15m, 2h.")
+@click.option("--at", metavar="TIME", help="The new due time, ISO 8601 with a timezone.")
+@click.option("--json", "as_json", is_flag=True, help="The result as one JSON object.")
+@broker_options
+@friendly_errors
+def reschedule_command(
+    id_or_key: str,
+    delay: str | None,
+    at: str | None,
+    as_json: bool,
+    url: tuple[str, ...],
+    prefix: str | None,
+    config: Path | None,
+) -> None:
+    """Move a scheduled message to a new due time."""
+    from rich.markup import escape
+
+    from ..amqp.publisher import Publisher
+    from ..core.journal_flows import require_journal
+    from .options import duration_us
+    from .publish import _parse_at
+
+    if (delay is None) == (at is None):
+        raise usage_error("give exactly one of --in or --at")
+    if delay is not None:
+        duration_us(delay, "--in")
+    due_at = _parse_at(at) if at is not None else None
+    settings = settings_from(url, prefix, config)
+    require_journal(settings.layout, "`reschedule`")
+    with Publisher(settings) as publisher:
+        result = publisher.reschedule(id_or_key, delay=delay, at=due_at)
+    if as_json:
+        print(json.dumps(result.to_json(), separators=(",", ":")))
+    else:
+        out(emoji=False).print(f"{escape(id_or_key)}: {escape(_moved(result))}")
+    if result.outcome != "rescheduled":
+        raise Exit(1)
+
+
+def _moved(result: RescheduleResult) -> str:
+    """A reschedule's answer in words."""
+    who = ""
+    if result.message_id is not None and result.message_id != result.target:
+        who = f" ({result.message_id})"
+    before = iso_of_ms(result.previous_due_ms) if result.previous_due_ms is not None else "?"
+    if result.outcome == "rescheduled" and result.due_at_ms is not None:
+        how = "a fresh copy was published" if result.fresh_copy else "the waiting copy is forwarded"
+        return f"rescheduled{who} from {before} to {iso_of_ms(result.due_at_ms)} ({how})"
+    return {
+        "handled": f"not rescheduled{who}: already handled",
+        "cancelled": f"not rescheduled{who}: it was cancelled",
+        "due": f"not rescheduled{who}: already due ({before}): handled or on its way",
+        "ignored": f"not rescheduled{who}: that publish was ignored (its key was pending)",
+        "replaced": f"not rescheduled{who}: it was replaced under its key",
+        "unknown": "unknown (no message with this id or key in the schedule journal)",
+    }.get(result.outcome, result.outcome)

@@ -21,6 +21,7 @@ from ..errors import (
 from .journal import journal_name
 from .layout import Layout
 from .outgoing import Outgoing
+from .reschedule import RescheduleResult
 
 __all__ = [
     "journal_missing",
@@ -30,6 +31,7 @@ __all__ = [
     "no_confirm",
     "no_exchange",
     "not_connected",
+    "reschedule_needs_body",
     "returned",
     "unconfirmed",
     "unjournaled",
@@ -50,6 +52,16 @@ def journal_off(what: str) -> ConfigurationError:
         f"{what} needs the schedule journal, which is off: set schedule_journal = true "
         "(RMQDELAY_SCHEDULE_JOURNAL=true) and run `rmqdelay topology apply`. It shows "
         "only what was published while the journal was on"
+    )
+
+
+def reschedule_needs_body(result: RescheduleResult) -> ConfigurationError:
+    """An earlier due time needs a fresh copy, and the journal has no body to make it."""
+    return ConfigurationError(
+        f"rescheduling {result.target!r} to an earlier time needs a fresh copy of the "
+        "message, made from the body its journal record holds, and it holds none: publish "
+        "with journal_bodies = true (RMQDELAY_JOURNAL_BODIES=true) to reschedule earlier; "
+        "a later time needs no body"
     )
 
 

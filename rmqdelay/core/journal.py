@@ -360,6 +360,9 @@ class CancelResult:
     destination: str | None = None
     copies: int = 0
     cancelled_due_ms: tuple[int, ...] = ()
+    key: str | None = None
+    """For a cancel by key: the key, whose current message is ``message_id`` (empty
+    when the journal knows no message with that key)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -369,6 +372,7 @@ class CancelResult:
             "destination": self.destination,
             "copies": self.copies,
             "cancelled_due_ms": list(self.cancelled_due_ms),
+            **({"key": self.key} if self.key is not None else {}),
         }
 
 

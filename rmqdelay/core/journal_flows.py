@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Generator, Iterable
+from dataclasses import replace
 from typing import Any, TypeVar, cast
 
 from ..errors import JournalError
@@ -42,8 +43,10 @@ __all__ = [
     "new_marker",
     "probe",
     "read",
+    "read_view",
     "require_journal",
     "run",
+    "scheduled_rows",
 ]
 
 T = TypeVar("T")
@@ -187,6 +190,13 @@ def _view(
     return view
 
 
+def read_view(
+    layout: Layout, *, timeout: float = 30.0, clock: Clock = now_ms
+) -> JournalFlow[ScheduleView]:
+    """The journal read to its end and folded: copies, tombstones, keys and moves."""
+    return (yield from _view(layout, timeout, None, clock))
+
+
 def list_scheduled(
     layout: Layout,
     *,
@@ -196,29 +206,83 @@ def list_scheduled(
     timeout: float = 30.0,
     progress: Callable[[int], None] | None = None,
     clock: Clock = now_ms,
+    key: str | None = None,
 ) -> JournalFlow[list[JournalRecord]]:
-    """Every copy still ahead and not cancelled, soonest first (while the journal was on).
+    """Every copy still ahead and not cancelled, soonest first (while the journal was on);
+    ``key``: only those with this key.
 
     One id can wait as several copies, each its own record (a publish sent again after
     its confirm failed, a retry): each copy still ahead is listed, and a record that
     came late hides none (:class:`~rmqdelay.core.journal.ScheduleView`).
     """
+    rows = yield from scheduled_rows(
+        layout,
+        destination=destination,
+        due_before_ms=due_before_ms,
+        limit=limit,
+        timeout=timeout,
+        progress=progress,
+        clock=clock,
+        key=key,
+    )
+    return [record for record, _generation in rows]
+
+
+def scheduled_rows(
+    layout: Layout,
+    *,
+    destination: str | None = None,
+    due_before_ms: int | None = None,
+    limit: int | None = None,
+    timeout: float = 30.0,
+    progress: Callable[[int], None] | None = None,
+    clock: Clock = now_ms,
+    key: str | None = None,
+) -> JournalFlow[list[tuple[JournalRecord, int | None]]]:
+    """:func:`list_scheduled`, each copy with its key's generation (None: no key), for
+    ``scheduled list``."""
     view = yield from _view(layout, timeout, progress, clock)
-    return view.pending(clock(), destination=destination, due_before_ms=due_before_ms, limit=limit)
+    found = view.pending(clock(), destination=destination, due_before_ms=due_before_ms)
+    if key is not None:
+        found = [r for r in found if r.key == key]
+    if limit is not None:
+        found = found[:limit]
+    return [(r, _generation(view, r)) for r in found]
+
+
+def _generation(view: ScheduleView, record: JournalRecord) -> int | None:
+    if record.key is None:
+        return None
+    entry = view.keys.by_id.get(record.message_id)
+    return getattr(entry, "number", None)
 
 
 def cancel(
     layout: Layout,
     message_ids: Iterable[str],
     *,
+    keys: Iterable[str] = (),
     timeout: float = 30.0,
     clock: Clock = now_ms,
 ) -> JournalFlow[list[CancelResult]]:
     """Tombstone every copy of each id; say for each: ``cancelled`` when any copy is
     still ahead (``cancelled_due_ms`` names them), ``too late`` when every copy is due
-    already (no tombstone), ``unknown`` without a record (:func:`plan_cancels`)."""
+    already (no tombstone), ``unknown`` without a record (:func:`plan_cancels`).
+
+    ``keys``: cancel the current message of each key (its latest generation), answered
+    after the ids, each result naming its key; a cancelled key is free again."""
     ids = list(message_ids)
+    keys = list(dict.fromkeys(keys))
     view = yield from _view(layout, timeout, None, clock)
-    results, tombstones = plan_cancels(view, ids, clock())
+    current = {key: view.keys.current(key) for key in keys}
+    keyed = [g.message_id for g in current.values() if g is not None]
+    results, tombstones = plan_cancels(view, [*ids, *keyed], clock())
     yield from append(layout, tombstones)
-    return results
+    by_id = {r.message_id: r for r in results}
+    answers = [by_id[message_id] for message_id in dict.fromkeys(ids)]
+    for key, generation in current.items():
+        if generation is None:
+            answers.append(CancelResult("", "unknown", key=key))
+        else:
+            answers.append(replace(by_id[generation.message_id], key=key))
+    return answers

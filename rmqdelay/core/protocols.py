@@ -13,8 +13,10 @@ from typing import Any, Protocol
 
 from typing_extensions import Unpack
 
+from .durations import DurationLike
 from .journal import CancelResult, JournalRecord
 from .outgoing import PublishOptions, PublishResult
+from .reschedule import RescheduleResult
 
 __all__ = ["AsyncPublisherProtocol", "PublisherProtocol"]
 
@@ -30,7 +32,11 @@ class PublisherProtocol(Protocol):
 
     def check_destination(self, destination: str) -> None: ...
 
-    def cancel(self, *message_ids: str) -> list[CancelResult]: ...
+    def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]: ...
+
+    def reschedule(
+        self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None
+    ) -> RescheduleResult: ...
 
     def list_scheduled(
         self,
@@ -38,6 +44,7 @@ class PublisherProtocol(Protocol):
         destination: str | None = None,
         due_before: datetime | None = None,
         limit: int | None = None,
+        key: str | None = None,
     ) -> list[JournalRecord]: ...
 
 
@@ -53,7 +60,11 @@ class AsyncPublisherProtocol(Protocol):
 
     async def check_destination(self, destination: str) -> None: ...
 
-    async def cancel(self, *message_ids: str) -> list[CancelResult]: ...
+    async def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]: ...
+
+    async def reschedule(
+        self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None
+    ) -> RescheduleResult: ...
 
     async def list_scheduled(
         self,
@@ -61,4 +72,5 @@ class AsyncPublisherProtocol(Protocol):
         destination: str | None = None,
         due_before: datetime | None = None,
         limit: int | None = None,
+        key: str | None = None,
     ) -> list[JournalRecord]: ...

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any, cast
 
 from typing_extensions import Unpack
@@ -50,6 +51,7 @@ from .outgoing import (
     gather_results,
 )
 from .plan import DelayPlan, check_max_delay, plan_delay
+from .reschedule import RescheduleResult, plan_reschedule
 from .routing import validate_destination
 from .steps import CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
@@ -325,6 +327,53 @@ class PublisherCore:
             else o
             for p, o in zip(batch, outcomes, strict=True)
         ]
+
+    def reschedule(
+        self,
+        target: str,
+        *,
+        delay: DurationLike | None = None,
+        at: datetime | None = None,
+        timeout: float = 30.0,
+    ) -> Flow[RescheduleResult]:
+        """Move a message (by id, or a key's current one) to a new due time.
+
+        Later: a ``rescheduled`` record alone (a worker forwards the old copy when it
+        comes out). Earlier: a fresh copy made from the journal record's body, due at
+        the new time, confirmed with its own record, then the ``rescheduled`` record
+        (``fresh_copy``): workers drop the old copies. An earlier time without a body
+        in the journal raises, saying how to keep bodies."""
+        start = clock.now_us()
+        new_due_ms = ms_of_us(start + self._delay_us(delay, at, start))
+        view = yield from journal_flows.read_view(self.layout, timeout=timeout)
+        plan = plan_reschedule(view, target, new_due_ms, clock.now_ms())
+        if plan.result.outcome == "needs body":
+            raise failures.reschedule_needs_body(plan.result)
+        if plan.record is None:
+            return plan.result
+        record, result = plan.record, plan.result
+        if plan.fresh_from is not None:
+            fresh = plan.fresh_from
+            assert fresh.body is not None
+            headers: dict[str, Any] = {**fresh.headers, ATTEMPT: fresh.attempt}
+            if fresh.key is not None:
+                headers[KEY] = fresh.key
+            prepared = self.prepare(
+                fresh.destination,
+                fresh.body,
+                delay=timedelta(milliseconds=max(0, new_due_ms - clock.now_ms())),
+                headers=headers,
+                message_id=fresh.message_id,
+            )
+            (outcome,) = yield from self._send([prepared])
+            if isinstance(outcome, BaseException):
+                raise outcome
+            due = outcome.due_at_ms  # the copy's own, to the ms
+            moved = tuple(d for d in record.cancels_due_ms if d != due)
+            record = replace(record, due_at_ms=due, cancels_due_ms=moved)
+            result = replace(result, due_at_ms=due)
+        yield from journal_flows.append(self.layout, [record])
+        return result
 
     def _withdraw(self, failed: list[Prepared]) -> Flow[None]:
         now = clock.now_ms()

@@ -8,7 +8,9 @@ across publishers, and that a lost reader is reopened where it stopped.
 from __future__ import annotations
 
 import asyncio
+import time
 
+import pika
 import pytest
 
 from rmqdelay import AsyncPublisher, ConfigurationError, InvalidMessageError, Publisher
@@ -123,3 +125,49 @@ def test_async_concurrent_keyed_publishes_agree(shared_topology: TestTopology) -
 
     outcomes = asyncio.run(main())
     assert sorted(outcomes) == ["ignored"] * 19 + ["scheduled"]
+
+
+def test_reschedule_earlier_sends_a_fresh_copy_later_only_a_record(
+    shared_topology: TestTopology,
+) -> None:
+    dest = shared_topology.dest("resched")
+    settings = shared_topology.settings([dest]).model_copy(update={"journal_bodies": True})
+    key = _key(shared_topology, "resched")
+    with Publisher(settings) as publisher:
+        first = publisher.publish(dest, b"body", delay="10m", key=key, on_conflict="ignore")
+        later = publisher.reschedule(key, delay="20m")
+        assert (later.outcome, later.fresh_copy, later.message_id) == (
+            "rescheduled",
+            False,
+            first.message_id,
+        )
+        earlier = publisher.reschedule(first.message_id, delay="1s")
+        assert (earlier.outcome, earlier.fresh_copy) == ("rescheduled", True)
+        assert earlier.due_at_ms is not None
+        rows = publisher.list_scheduled(key=key)
+        assert [(r.message_id, r.due_at_ms) for r in rows] == [
+            (first.message_id, earlier.due_at_ms)
+        ]
+        gone = publisher.cancel(keys=[key])
+        assert (gone[0].key, gone[0].message_id, gone[0].outcome) == (
+            key,
+            first.message_id,
+            "cancelled",
+        )
+        assert publisher.reschedule(key, delay="1h").outcome == "cancelled"
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
+    try:
+        channel = connection.channel()
+        deadline = time.monotonic() + 15
+        got = None
+        while got is None and time.monotonic() < deadline:
+            method, properties, body = channel.basic_get(settings.layout.work_queue(dest))
+            if method is not None:
+                got = (properties.message_id, properties.headers[KEY], body)
+                channel.basic_ack(method.delivery_tag)
+            else:
+                time.sleep(0.2)
+        # the fresh copy arrives at the new time (the old ones wait in their tiers)
+        assert got == (first.message_id, key, b"body")
+    finally:
+        connection.close()

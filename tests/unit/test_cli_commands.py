@@ -44,6 +44,8 @@ COMMAND_LINE: dict[str, list[str]] = {
         "-H/--header",
         "--message-id",
         "--json",
+        "--key",
+        "--on-conflict",
         *SHARED,
     ],
     "consume": ["DESTINATION", "--count", "--timeout", "--json", *SHARED],
@@ -64,8 +66,9 @@ COMMAND_LINE: dict[str, list[str]] = {
     "parked replay": [*DESTINATIONS, "--delay", "--limit", *SHARED],
     "parked purge": ["--yes", *DESTINATIONS, *SHARED],
     "scheduled": [],
-    "scheduled list": [*DESTINATIONS, "--due-before", "--limit", "--json", *SHARED],
-    "cancel": ["MESSAGE_IDS", "--json", *SHARED],
+    "scheduled list": [*DESTINATIONS, "--due-before", "--limit", "--key", "--json", *SHARED],
+    "cancel": ["MESSAGE_IDS", "--key", "--json", *SHARED],
+    "reschedule": ["ID_OR_KEY", "--in", "--at", "--json", *SHARED],
     "status": [
         *DESTINATIONS,
         "--json",
@@ -128,6 +131,7 @@ GROUPS = {
         "parked",
         "scheduled",
         "cancel",
+        "reschedule",
         "recurring",
         "status",
         "bridge",
@@ -188,6 +192,8 @@ def test_a_command_receives_defaults_and_repeated_options() -> None:
         "header": ("a=1", "b=2"),
         "message_id": None,
         "as_json": False,
+        "key": None,
+        "on_conflict": None,
         "url": (),
         "prefix": None,
         "config": None,
@@ -294,6 +300,7 @@ def test_the_help_lists_arguments_with_their_help_and_examples_one_per_line() ->
         "  Examples:\n\n"
         "    rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m\n"
         "    echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z\n"
+        "    rmqdelay publish reminders hi --delay 1h --key order-42 --on-conflict ignore\n"
     ) in result.output
     worker = _invoke("worker", "--help", terminal_width=100).output
     assert "[default: 8; 1<=x<=10000]" in worker

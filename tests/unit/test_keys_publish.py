@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from rmqdelay import ConfigurationError, InvalidMessageError, PublishError, Settings
@@ -115,3 +117,49 @@ def test_unkeyed_scheduled_lines_are_passed_over() -> None:
     keyed = encode_records([JournalRecord("scheduled", "a", "jobs", 1, key="k")])
     tomb = encode_records([JournalRecord("cancelled", "a", "jobs", 1)])
     assert (keyed_line(plain), keyed_line(keyed), keyed_line(tomb)) == (False, True, True)
+
+
+def test_reschedule_later_is_a_record_earlier_a_fresh_copy() -> None:
+    publisher = InMemoryPublisher(Settings(journal_bodies=True))
+    first = publisher.publish("jobs", b"1", delay="10m", key="k", on_conflict="ignore")
+    later = publisher.reschedule("k", delay="20m")
+    assert (later.outcome, later.message_id, later.fresh_copy) == (
+        "rescheduled",
+        first.message_id,
+        False,
+    )
+    assert len(publisher.sent) == 1 and publisher.journal[-1].kind == "rescheduled"
+    earlier = publisher.reschedule(first.message_id, delay="1m")
+    assert (earlier.outcome, earlier.fresh_copy) == ("rescheduled", True)
+    fresh = publisher.sent[-1]
+    assert (fresh.message_id, fresh.body, fresh.headers[KEY]) == (first.message_id, b"1", "k")
+    assert fresh.due_at_ms == earlier.due_at_ms
+    moved = publisher.journal[-1]
+    assert (moved.kind, moved.fresh_copy, moved.due_at_ms) == ("rescheduled", True, fresh.due_at_ms)
+    assert [r.due_at_ms for r in publisher.list_scheduled()] == [fresh.due_at_ms]
+
+
+def test_reschedule_answers_when_it_cannot() -> None:
+    publisher = InMemoryPublisher()
+    assert publisher.reschedule("nothing", delay="1m").outcome == "unknown"
+    plain = publisher.publish("jobs", b"1", delay="10m")
+    with pytest.raises(ConfigurationError, match="journal_bodies = true"):
+        publisher.reschedule(plain.message_id, delay="1m")
+    publisher.cancel(plain.message_id)
+    assert publisher.reschedule(plain.message_id, delay="1h").outcome == "cancelled"
+    due = publisher.publish("jobs", b"1", delay=0)
+    time.sleep(0.005)  # past its due time, to the ms
+    assert publisher.reschedule(due.message_id, delay="1h").outcome == "due"
+
+
+def test_cancel_by_key_frees_the_key() -> None:
+    publisher = InMemoryPublisher()
+    first = publisher.publish("jobs", b"1", delay="10m", key="k", on_conflict="ignore")
+    found = publisher.cancel(keys=["k", "other"])
+    assert [(r.key, r.message_id, r.outcome) for r in found] == [
+        ("k", first.message_id, "cancelled"),
+        ("other", "", "unknown"),
+    ]
+    again = publisher.publish("jobs", b"2", delay="10m", key="k", on_conflict="ignore")
+    assert (again.outcome, again.generation) == ("scheduled", 2)
+    assert publisher.list_scheduled(key="k") == [publisher.journal[-1]]
