@@ -163,8 +163,9 @@ def test_reschedule_earlier_sends_a_fresh_copy_later_only_a_record(
         while got is None and time.monotonic() < deadline:
             method, properties, body = channel.basic_get(settings.layout.work_queue(dest))
             if method is not None:
+                assert properties is not None and properties.headers is not None
                 got = (properties.message_id, properties.headers[KEY], body)
-                channel.basic_ack(method.delivery_tag)
+                channel.basic_ack(method.delivery_tag or 0)
             else:
                 time.sleep(0.2)
         # the fresh copy arrives at the new time (the old ones wait in their tiers)
