@@ -9,10 +9,11 @@ the worker's own hooks (``hooks``).
 from ..errors import WorkerError
 from .app import RunOptions, Worker
 from .delivery import Delivery
-from .hooks import Outcome, Settled, WorkerHook
+from .hooks import Admission, Outcome, Settled, WorkerHook
 from .runner import RunningWorker
 
 __all__ = [
+    "Admission",
     "Delivery",
     "Outcome",
     "RunOptions",

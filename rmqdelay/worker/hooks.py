@@ -2,28 +2,58 @@
 
 The worker decides what to do with a delivery and tells the broker; hooks observe it
 (metrics, logs, your own), and one may skip a delivery before its handler runs (the
-schedule journal's cancel filter). A hook that raises is logged and passed over: the
-message is still settled exactly once, and the other hooks still run.
+schedule journal's cancel filter), or admit it after an await of its own (the keys
+filter claims a keyed copy in the journal first). A hook that raises is logged and
+passed over: the message is still settled exactly once, and the other hooks still run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from .delivery import Delivery
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractConnection
+    from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
-__all__ = ["Hooks", "Outcome", "Settled", "WorkerHook"]
+    from ..amqp.aio_publisher import AsyncPublisher
+
+__all__ = ["HANDLE", "Admission", "Hooks", "Outcome", "Settled", "WorkerHook"]
 
 log = logging.getLogger("rmqdelay.worker")
 
-Outcome = Literal["acked", "retried", "requeued", "parked", "cancelled", "returned"]
+Outcome = Literal[
+    "acked", "retried", "requeued", "parked", "cancelled", "dropped", "forwarded", "returned"
+]
+OnSuccess = Callable[[], Awaitable[None]]
+"""Run after the handler returned and before the ack (the keys filter's ``done`` record)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What :meth:`WorkerHook.admit` says of a delivery.
+
+    - ``handle``: call the handler; then each ``on_success`` in turn, once it returned
+      and before the ack (one that raises is logged, and the message is still acked:
+      its handler ran).
+    - ``drop``: ack it without calling the handler (outcome ``dropped``, ``reason`` says
+      why: a duplicate, a key's loser, ...).
+    - ``forward``: publish the same message again (id, body, headers, attempt) due at
+      ``forward_due_ms``, confirmed, then ack this copy (outcome ``forwarded``).
+    """
+
+    action: Literal["handle", "drop", "forward"]
+    reason: str = ""
+    forward_due_ms: int | None = None
+    on_success: tuple[OnSuccess, ...] = ()
+
+
+HANDLE = Admission("handle")
+"""Handle it, nothing else to do."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +62,9 @@ class Settled:
 
     ``outcome``: ``acked`` (the handler returned), ``retried`` (a copy for the next
     attempt confirmed, then acked), ``requeued``, ``parked``, ``cancelled`` (a hook
-    skipped it: acked, never handled), or ``returned``: settling failed, the broker
+    skipped it: acked, never handled), ``dropped`` (a hook's admission dropped it:
+    acked, never handled, ``reason`` says why), ``forwarded`` (a copy due later
+    confirmed, then acked, not handled), or ``returned``: settling failed, the broker
     delivers it again, and ``problem`` says why.
     """
 
@@ -71,6 +103,20 @@ class WorkerHook:
         the hooks after this one are then not asked."""
         return False
 
+    def admit(
+        self,
+        delivery: Delivery,
+        message: AbstractIncomingMessage,
+        publisher: AsyncPublisher,
+    ) -> Awaitable[Admission] | None:
+        """Asked after ``before_handle``, in order, once a handler slot is taken: None
+        lets the delivery through and costs nothing more (return it quickly for the
+        deliveries you do not care about); an awaitable's :class:`Admission` says what
+        to do. ``publisher`` is the session's, for a hook that must publish first (its
+        confirm awaited before the handler runs). A ``drop`` or ``forward`` ends the
+        asking; the hooks after it are not asked."""
+        return None
+
     def after_settle(self, delivery: Delivery, settled: Settled) -> None:
         """The broker has been told how the delivery ended (or settling failed)."""
 
@@ -84,6 +130,8 @@ class Hooks:
         self._disconnect = _overriding(self.all, "on_disconnect")
         self._before = _overriding(self.all, "before_handle")
         self._after = _overriding(self.all, "after_settle")
+        self.admitting = _overriding(self.all, "admit")
+        """The hooks with an ``admit``: none, and the worker does not ask."""
 
     async def connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
         for hook in self._connect:
@@ -109,6 +157,30 @@ class Hooks:
                     extra=delivery.fields,
                 )
         return False
+
+    async def admit(
+        self, delivery: Delivery, message: AbstractIncomingMessage, publisher: AsyncPublisher
+    ) -> Admission:
+        """What the admitting hooks say, in order; a hook that fails says ``handle``
+        (at least once)."""
+        on_success: tuple[OnSuccess, ...] = ()
+        for hook in self.admitting:
+            try:
+                pending = hook.admit(delivery, message, publisher)
+                if pending is None:
+                    continue
+                admission = await pending
+            except Exception:
+                log.exception(
+                    "hook %s failed in admit; the message is handled",
+                    _name(hook),
+                    extra=delivery.fields,
+                )
+                continue
+            if admission.action != "handle":
+                return admission
+            on_success += admission.on_success
+        return Admission("handle", on_success=on_success) if on_success else HANDLE
 
     def settled(self, delivery: Delivery, settled: Settled) -> None:
         for hook in self._after:

@@ -67,6 +67,12 @@ class LogHook(WorkerHook):
             log.info("handled", extra=fields)
         elif outcome in ("requeued", "cancelled"):
             log.info(outcome, extra=fields)
+        elif outcome == "dropped":
+            fields["reason"] = settled.reason
+            log.info("dropped: %s", settled.reason, extra=fields)
+        elif outcome == "forwarded":
+            fields.update(delay_ms=settled.delay_ms, reason=settled.reason)
+            log.info("forwarded: %s", settled.reason, extra=fields)
         elif outcome == "retried":
             fields.update(delay_ms=settled.delay_ms, reason=settled.reason)
             log.warning("retrying", extra=fields)

@@ -19,6 +19,7 @@ __all__ = [
     "CONSUMER_TIMEOUTS",
     "HANDLED",
     "HANDLER_SECONDS",
+    "KEY_DROPS",
     "LATENESS",
     "PARKED",
     "PAST_DUE",
@@ -35,7 +36,7 @@ log = logging.getLogger("rmqdelay.worker")
 HANDLED = Counter(
     "rmqdelay_messages",
     "Messages a worker finished with, by destination and outcome "
-    "(acked, retried, requeued, parked, cancelled).",
+    "(acked, retried, requeued, parked, cancelled, dropped, forwarded).",
     ["destination", "outcome"],
 )
 LATENESS = Histogram(
@@ -56,9 +57,18 @@ CONSUMER_TIMEOUTS = Counter(
     "before, it closes the channel).",
     ["destination"],
 )
+KEY_DROPS = Counter(
+    "rmqdelay_key_drops",
+    "Deliveries a worker acked without handling them because the schedule journal says "
+    "another copy is (or was) the one (keys, reschedules, recurring schedules), by "
+    "destination and reason (duplicate, ignored, replaced, claimed-elsewhere, ...).",
+    ["destination", "reason"],
+)
 
 
-_COUNTED = frozenset(("acked", "retried", "requeued", "parked", "cancelled"))
+_COUNTED = frozenset(
+    ("acked", "retried", "requeued", "parked", "cancelled", "dropped", "forwarded")
+)
 
 
 class MetricsHook(WorkerHook):
@@ -75,6 +85,8 @@ class MetricsHook(WorkerHook):
             HANDLER_SECONDS.labels(delivery.destination).observe(settled.seconds)
         if settled.outcome in _COUNTED:  # not "returned": it comes again, and counts then
             HANDLED.labels(delivery.destination, settled.outcome).inc()
+            if settled.outcome == "dropped":
+                KEY_DROPS.labels(delivery.destination, settled.reason or "unknown").inc()
 
 
 def serve_metrics(port: int, addr: str = "0.0.0.0") -> None:

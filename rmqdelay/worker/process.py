@@ -25,7 +25,7 @@ from ..core.retry import Decision, decide
 from ..core.takeback import Claim, Key, TakenBack, key_of
 from .context import Context
 from .delivery import Delivery, read_delivery
-from .hooks import Hooks, Settled
+from .hooks import HANDLE, Admission, Hooks, Settled
 from .metrics import CONSUMER_TIMEOUTS
 from .session import Cause, Session, first
 from .settle import SETTLE_ERRORS, Failure
@@ -245,6 +245,14 @@ class Processor:
         if self.hooks.skip(delivery):
             self.hooks.settled(delivery, await session.settler.skip(message))
             return
+        admission = HANDLE
+        if self.hooks.admitting:
+            admission = await self.hooks.admit(delivery, message, session.publisher)
+            if admission.action != "handle":
+                await self._settle_admission(session, spec, message, delivery, admission)
+                return
+            if session.taken_back(message):
+                return  # taken back while it was being admitted: it comes again
         tag = message.consumer_tag or ""
         holding = _Holding(session, tag, key, delivery, session.queue_of(spec))
         self._holdings.add(holding)
@@ -253,6 +261,8 @@ class Processor:
         try:
             outcome = await self._run(session, spec, message, delivery)
             decision, failure, seconds = outcome
+            if admission.on_success and decision.action == "ack":
+                await self._succeeded(admission, delivery)
             if session.taken_back(message):
                 self._take_back(holding, session.cause(message))
             if holding.taken:
@@ -282,6 +292,37 @@ class Processor:
                 ended = self._ended.pop(key, None)
                 if ended is not None:
                     ended.set()
+
+    async def _settle_admission(
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        admission: Admission,
+    ) -> None:
+        """A delivery a hook dropped or forwarded: its handler is not called."""
+        if session.taken_back(message):
+            return  # the broker took it back meanwhile: it comes again, and is asked again
+        if admission.action == "forward" and admission.forward_due_ms is not None:
+            settler = session.settler
+            due_ms = admission.forward_due_ms
+            settled = await settler.forward(spec, message, delivery, due_ms, admission.reason)
+        else:
+            settled = await session.settler.drop(message, admission.reason)
+        self.hooks.settled(delivery, settled)
+
+    async def _succeeded(self, admission: Admission, delivery: Delivery) -> None:
+        """The handler returned: what the admission asked for before the ack. One that
+        fails is logged; the message is still acked (its handler ran)."""
+        for step in admission.on_success:
+            try:
+                await step()
+            except Exception:
+                log.exception(
+                    "a step after the handler failed; the message is acked all the same",
+                    extra=delivery.fields,
+                )
 
     async def _run(
         self,

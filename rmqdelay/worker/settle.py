@@ -17,7 +17,7 @@ import aiormq
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from ..amqp.aio_publisher import AsyncPublisher, EncodedProperties, send_encoded
-from ..core.clock import now_ms, timedelta_of_ms
+from ..core.clock import datetime_of_ms, now_ms, timedelta_of_ms
 from ..core.handlers import HandlerSpec
 from ..core.messages import ATTEMPT, amqp_properties, carried_properties
 from ..core.parking import parked_headers, short_traceback
@@ -99,6 +99,44 @@ class Settler:
             return Settled("returned", problem=_unsettled(exc))
         return Settled("cancelled")
 
+    async def drop(self, message: AbstractIncomingMessage, reason: str) -> Settled:
+        """Ack a delivery an admission dropped, without handling it."""
+        try:
+            await message.ack()
+        except SETTLE_ERRORS as exc:
+            return Settled("returned", reason, problem=_unsettled(exc))
+        return Settled("dropped", reason)
+
+    async def forward(
+        self,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        due_ms: int,
+        reason: str,
+    ) -> Settled:
+        """Publish the message again due at ``due_ms`` (the same id, body, headers and
+        attempt, recorded in the journal as a retry is), confirmed, then ack this copy.
+
+        Not confirmed: this copy goes back to its queue (at least once). Refused for
+        good (the destination's queue is gone, the time past ``max_delay``): parked.
+        """
+        job = _Job(spec, message, delivery, None, None)
+        try:
+            try:
+                await self._publish_copy(job, delivery.attempt, at_ms=due_ms)
+            except PublisherClosedError as exc:
+                await message.reject(requeue=True)
+                problem = f"the forwarded copy was not confirmed ({exc})"
+                return job.settled("returned", reason, problem=problem)
+            except RmqDelayError as exc:
+                why = f"{reason}; the forwarded copy could not be published: {exc}"
+                return await self._park(job, Decision("park", delivery.attempt, reason=why))
+            await message.ack()
+            return job.settled("forwarded", reason, delay_ms=max(0, due_ms - now_ms()))
+        except SETTLE_ERRORS as exc:
+            return job.settled("returned", reason, problem=_unsettled(exc))
+
     async def settle(
         self,
         spec: HandlerSpec,
@@ -135,16 +173,23 @@ class Settler:
 
     async def _republish(self, job: _Job, decision: Decision) -> None:
         """Send the message round the delay tiers again, as the next attempt."""
+        await self._publish_copy(job, decision.attempt, delay_ms=decision.delay_ms)
+
+    async def _publish_copy(
+        self, job: _Job, attempt: int, *, delay_ms: int | None = None, at_ms: int | None = None
+    ) -> None:
+        """A copy of the message due later: a retry's, or a forward's."""
         delivery, message = job.delivery, job.message
         # prepare() strips x-death and friends: the dead-letter cycle trap lives there
-        headers = {**delivery.headers, ATTEMPT: decision.attempt}
+        headers = {**delivery.headers, ATTEMPT: attempt}
         headers.pop("x-delivery-count", None)  # the broker's, for the old delivery
-        # publish(), not send(): the retry is recorded in the schedule journal too, so
+        # publish(), not send(): the copy is recorded in the schedule journal too, so
         # `scheduled list` shows it and a cancel during the wait finds it
         await self.publisher.publish(
             job.spec.destination,
             message.body,
-            delay=timedelta_of_ms(decision.delay_ms),
+            delay=None if delay_ms is None else timedelta_of_ms(delay_ms),
+            at=None if at_ms is None else datetime_of_ms(at_ms),
             headers=headers,
             message_id=delivery.message_id,
             **carried_properties(message),

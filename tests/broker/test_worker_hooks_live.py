@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable
 from typing import Any
 
 from aio_pika.abc import AbstractConnection
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
+from rmqdelay.core.clock import ms_of_datetime
 from rmqdelay.core.retry import Backoff, Park, Retry
-from rmqdelay.worker import Delivery, Settled, WorkerHook
+from rmqdelay.worker import Admission, Delivery, Settled, WorkerHook
+from rmqdelay.worker.context import Context
 from tests.helpers.worker_helpers import (
     TestTopology,
     parking_queue,
@@ -121,3 +124,70 @@ async def test_a_failing_hook_loses_nothing_and_settles_each_message_once(
     assert len([c for c in seen.calls if c[0] == "after"]) == 20
     assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
+
+
+class Gate(WorkerHook):
+    """Admits by the message's ``gate`` header: drop, forward (once, 600 ms on), or
+    handle with a success step that records itself before the ack."""
+
+    def __init__(self) -> None:
+        self.succeeded: list[str] = []
+        self.forwarded: set[str] = set()
+        self.settled: dict[tuple[str, int | None], Settled] = {}
+
+    def admit(
+        self, delivery: Delivery, message: Any, publisher: AsyncPublisher
+    ) -> Awaitable[Admission] | None:
+        gate = delivery.headers.get("gate")
+        if gate is None:
+            return None
+        return self._say(delivery, gate)
+
+    async def _say(self, delivery: Delivery, gate: str) -> Admission:
+        if gate == "drop":
+            return Admission("drop", "told to")
+        if gate == "forward" and delivery.message_id not in self.forwarded:
+            assert delivery.due_ms is not None
+            self.forwarded.add(delivery.message_id)
+            return Admission("forward", "rescheduled", forward_due_ms=delivery.due_ms + 600)
+
+        async def done() -> None:
+            self.succeeded.append(delivery.message_id)
+
+        return Admission("handle", on_success=(done,))
+
+    def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+        self.settled[delivery.message_id, delivery.due_ms] = settled
+
+
+async def test_an_admission_drops_forwards_or_handles_with_a_step_before_the_ack(
+    shared_topology: TestTopology,
+) -> None:
+    """A forwarded copy keeps its id, body and headers and is due at the time asked; a
+    dropped one is acked unhandled; a success step runs after the handler, before the ack."""
+    gate = Gate()
+    worker_case = shared_topology.worker("gated", options={"hooks": [gate]})
+    dest, settings, app, calls = worker_case
+
+    @app.handler(dest)
+    async def handle(msg: dict[str, str], ctx: Context) -> None:
+        calls.record(msg, ctx)
+
+    async with worker_case.running(concurrency=2) as publisher:
+        dropped = await publisher.publish(dest, {"n": "1"}, delay=0, headers={"gate": "drop"})
+        kept = await publisher.publish(dest, {"n": "2"}, delay=0, headers={"gate": "keep"})
+        moved = await publisher.publish(
+            dest, {"n": "3"}, delay=0, headers={"gate": "forward"}, correlation_id="c-3"
+        )
+        await wait_until(lambda: len(calls) >= 2, 15, "two handled")
+    assert calls.of(dropped.message_id) == []
+    assert gate.settled[dropped.message_id, dropped.due_at_ms].outcome == "dropped"
+    assert gate.settled[moved.message_id, moved.due_at_ms].outcome == "forwarded"
+    (call,) = calls.of(moved.message_id)
+    assert call.value == {"n": "3"} and call.headers["gate"] == "forward"
+    assert call.due_at is not None
+    assert ms_of_datetime(call.due_at) == moved.due_at_ms + 600
+    assert call.at * 1000 >= moved.due_at_ms + 600  # never early
+    assert len(calls.of(kept.message_id)) == 1
+    assert sorted(gate.succeeded) == sorted([kept.message_id, moved.message_id])
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
