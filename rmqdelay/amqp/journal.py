@@ -33,10 +33,16 @@ from ..core.layout import Layout
 from ..core.steps import Steps
 
 if TYPE_CHECKING:
-    from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+    from aio_pika.abc import (
+        AbstractChannel,
+        AbstractConnection,
+        AbstractExchange,
+        AbstractIncomingMessage,
+    )
 
 __all__ = [
     "JournalTail",
+    "JournalWriter",
     "append_records",
     "journal_step_async",
     "read_stream",
@@ -293,6 +299,54 @@ async def _close_quietly(channel: AbstractChannel) -> None:
 async def write_probe(connection: AbstractConnection, layout: Layout) -> None:
     """:func:`rmqdelay.core.journal_flows.probe` on ``connection``."""
     await run_journal_async(flows.probe(layout), connection)
+
+
+class JournalWriter:
+    """Appends records on a confirm channel of its own, kept open: a worker writes a
+    claim before each keyed handler and a ``done`` after it, and a channel per write
+    (as :func:`run_journal_async` opens) would double each one's round trips."""
+
+    def __init__(self, connection: AbstractConnection, layout: Layout, timeout: float) -> None:
+        self.name = flows.require_journal(layout, "writing to the schedule journal")
+        self.connection = connection
+        self.layout = layout
+        self.timeout = timeout
+        self.channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+
+    async def open(self) -> JournalWriter:
+        self.channel = await self.connection.channel(publisher_confirms=True, on_return_raises=True)
+        self._exchange = await self.channel.get_exchange(self.name, ensure=False)
+        return self
+
+    async def write(self, records: list[JournalRecord]) -> None:
+        """Append ``records`` as one stream message and wait for its confirm; raise
+        :class:`~rmqdelay.errors.JournalError` when it is returned, nacked or late."""
+        import aio_pika
+        import aiormq
+
+        from ..core.journal import encode_records
+        from ..core.journal_steps import journal_properties
+        from ..errors import JournalError
+
+        exchange = self._exchange
+        if exchange is None or self.channel is None or self.channel.is_closed:
+            raise JournalError("the schedule journal's write channel is closed")
+        message = aio_pika.Message(
+            encode_records(records), **journal_properties(f"journal-{records[0].message_id}")
+        )
+        try:
+            await exchange.publish(message, routing_key="", mandatory=True, timeout=self.timeout)
+        except asyncio.TimeoutError:
+            raise JournalError(
+                f"a journal write was not confirmed within {self.timeout:g}s"
+            ) from None
+        except (aiormq.exceptions.DeliveryError, aiormq.exceptions.ChannelNotFoundEntity) as exc:
+            raise JournalError(f"a journal write was refused ({type(exc).__name__})") from None
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await _close_quietly(self.channel)
 
 
 class JournalTail:

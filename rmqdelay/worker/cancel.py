@@ -1,25 +1,44 @@
-"""The cancel filter: a hook that skips the copies cancelled through the schedule journal."""
+"""The cancel filter: a hook that skips the copies cancelled through the schedule journal.
+
+It owns the worker's one journal tail; other hooks that fold the journal (keys,
+recurring schedules) follow it through :meth:`CancelFilter.follow` instead of reading the
+stream again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 import aiormq
 from aio_pika.abc import AbstractConnection
 
 from ..amqp.journal import JournalTail
 from ..core.clock import now_ms
-from ..core.journal import Tombstones
+from ..core.journal import JournalRecord, Tombstones
 from ..core.layout import Layout
 from ..errors import TopologyError, WorkerError
 from .delivery import Delivery
 from .hooks import WorkerHook
 
-__all__ = ["CancelFilter"]
+__all__ = ["CancelFilter", "Follower"]
 
 log = logging.getLogger("rmqdelay.worker")
 _EXPIRE_EVERY_MS = 60_000
+
+
+class Follower(Protocol):
+    """A fold of the journal fed by the cancel filter's tail, in stream order."""
+
+    def add(self, record: JournalRecord) -> None:
+        """One record; the same stretch may come twice (each connect reads again)."""
+
+    def wants(self, line: bytes) -> bool:
+        """Whether a line must be decoded for it (see ``Tombstones.wants``)."""
+
+    def expire(self, now_ms: int) -> object:
+        """Forget what can no longer matter (called about once a minute)."""
 
 
 class CancelFilter(WorkerHook):
@@ -37,11 +56,27 @@ class CancelFilter(WorkerHook):
         self.tombstones = Tombstones()
         self._tail: JournalTail | None = None
         self._expired_at_ms = 0
+        self.followers: list[Follower] = []
+
+    def follow(self, follower: Follower) -> None:
+        """Feed ``follower`` every record too, from the next connect on."""
+        self.followers.append(follower)
+
+    def _add(self, record: JournalRecord) -> None:
+        self.tombstones.add(record)
+        for follower in self.followers:
+            follower.add(record)
+
+    def _wants(self, line: bytes) -> bool:
+        return self.tombstones.wants(line) or any(f.wants(line) for f in self.followers)
 
     async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
-        tail = JournalTail(
-            connection, self.layout, self.tombstones.add, wants=self.tombstones.wants
-        )
+        if self.followers:
+            tail = JournalTail(connection, self.layout, self._add, wants=self._wants)
+        else:  # the usual worker: not a call more per record
+            tail = JournalTail(
+                connection, self.layout, self.tombstones.add, wants=self.tombstones.wants
+            )
         self._tail = tail
         try:
             await tail.start()
@@ -69,5 +104,7 @@ class CancelFilter(WorkerHook):
         now = now_ms()
         if now - self._expired_at_ms > _EXPIRE_EVERY_MS:  # forget tombstones past their time
             self.tombstones.expire(now)
+            for follower in self.followers:
+                follower.expire(now)
             self._expired_at_ms = now
         return self.tombstones.is_cancelled(delivery.message_id, now, delivery.due_ms)
