@@ -44,9 +44,11 @@ class Admission:
       why: a duplicate, a key's loser, ...).
     - ``forward``: publish the same message again (id, body, headers, attempt) due at
       ``forward_due_ms``, confirmed, then ack this copy (outcome ``forwarded``).
+    - ``requeue``: the hook cannot tell now (the journal did not answer in time): back
+      to its queue after a pause, unhandled (outcome ``requeued``).
     """
 
-    action: Literal["handle", "drop", "forward"]
+    action: Literal["handle", "drop", "forward", "requeue"]
     reason: str = ""
     forward_due_ms: int | None = None
     on_success: tuple[OnSuccess, ...] = ()

@@ -301,13 +301,15 @@ class Processor:
         delivery: Delivery,
         admission: Admission,
     ) -> None:
-        """A delivery a hook dropped or forwarded: its handler is not called."""
+        """A delivery a hook dropped, forwarded or gave back: its handler is not called."""
         if session.taken_back(message):
             return  # the broker took it back meanwhile: it comes again, and is asked again
+        settler = session.settler
         if admission.action == "forward" and admission.forward_due_ms is not None:
-            settler = session.settler
             due_ms = admission.forward_due_ms
             settled = await settler.forward(spec, message, delivery, due_ms, admission.reason)
+        elif admission.action == "requeue":
+            settled = await settler.requeue(message, admission.reason)
         else:
             settled = await session.settler.drop(message, admission.reason)
         self.hooks.settled(delivery, settled)

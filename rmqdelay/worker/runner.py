@@ -23,6 +23,7 @@ from ..errors import WorkerError
 from ..settings import Settings
 from .cancel import CancelFilter
 from .hooks import Hooks, WorkerHook
+from .keys import KeyFilter, KeysUnseen
 from .logs import LogHook
 from .metrics import MetricsHook
 from .process import Processor
@@ -39,8 +40,8 @@ _MAX_CONSUMER_TIMEOUT_S = 2**31 / 1000
 class RunningWorker:
     """Consume the chosen work queues until stopped; reconnect when the connection drops.
 
-    ``hooks`` run after the worker's own: the cancel filter (with the schedule journal),
-    metrics and logs.
+    ``hooks`` run after the worker's own: the cancel and keys filters (with the schedule
+    journal), metrics and logs.
     """
 
     def __init__(
@@ -81,10 +82,15 @@ class RunningWorker:
         self._abort = asyncio.Event()
         own: list[WorkerHook] = [MetricsHook(), LogHook()]
         self.tombstones = Tombstones()
+        self.keys: KeyFilter | None = None
         if self.layout.journal:
             cancels = CancelFilter(self.layout, settings.confirm_timeout)
             self.tombstones = cancels.tombstones
-            own.insert(0, cancels)  # first: a cancelled message is neither timed nor logged
+            self.keys = KeyFilter(self.layout, settings.confirm_timeout, cancels)
+            # first: a cancelled message is neither timed nor logged
+            own[:0] = [cancels, self.keys]
+        else:
+            own.insert(0, KeysUnseen())
         self.hooks = Hooks([*own, *hooks])
         self._not_consuming = asyncio.Event()
         """Set once the consumers are cancelled at shutdown: messages that never started

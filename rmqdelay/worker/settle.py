@@ -39,6 +39,7 @@ SETTLE_ERRORS = (
 """What an ack, reject or nack can raise when the connection went away."""
 _PARK_ERRORS = (aiormq.exceptions.PublishError, aiormq.exceptions.DeliveryError, RmqDelayError)
 """A parked copy returned, nacked, or not encodable: the original goes back to its queue."""
+_REQUEUE_PAUSE_S = 1.0
 
 
 class Failure(Exception):
@@ -106,6 +107,16 @@ class Settler:
         except SETTLE_ERRORS as exc:
             return Settled("returned", reason, problem=_unsettled(exc))
         return Settled("dropped", reason)
+
+    async def requeue(self, message: AbstractIncomingMessage, reason: str) -> Settled:
+        """Give a delivery an admission could not decide back to its queue, after a
+        pause: what stopped it (the journal) is not over in a millisecond."""
+        await asyncio.sleep(_REQUEUE_PAUSE_S)
+        try:
+            await message.reject(requeue=True)
+        except SETTLE_ERRORS as exc:
+            return Settled("returned", reason, problem=_unsettled(exc))
+        return Settled("requeued", reason)
 
     async def forward(
         self,

@@ -1,0 +1,273 @@
+"""The keys filter: a hook that lets a worker handle at most one copy per key and
+generation, and moves the copies of a rescheduled message.
+
+It folds the schedule journal into a :class:`~rmqdelay.core.keys.KeyBook` (from the
+cancel filter's tail: one reader per worker) and, before a handler runs, acts on the
+book's verdict for the delivery:
+
+- ``claim``: append a ``claimed`` record for the copy, wait until the tail has read it
+  back, and ask again: the first claim in the journal's order wins, in every worker;
+- ``handle``: this worker's claim came first (or the copy was redelivered and its
+  claimer never wrote ``done``: taken over, at least once); after the handler returned,
+  a ``done`` record is appended and confirmed, then the message is acked;
+- ``drop``: acked unhandled, counted in ``rmqdelay_key_drops_total`` by reason;
+- ``forward``: an old copy of a message rescheduled later: published again due at the
+  new time (confirmed), then acked;
+- ``wait``: the delivery's own record is not read yet (it goes out in the same confirm
+  window as the message, so it can trail by milliseconds): read on.
+
+An unkeyed delivery costs one header lookup, unless the journal moved its id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable
+
+from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
+
+from ..amqp.aio_publisher import AsyncPublisher
+from ..amqp.journal import JournalWriter
+from ..core.clock import now_ms
+from ..core.journal import JournalRecord
+from ..core.keys import KeyBook, Verdict
+from ..core.layout import Layout
+from ..errors import JournalError
+from .cancel import CancelFilter
+from .delivery import Delivery
+from .hooks import Admission, WorkerHook
+
+__all__ = ["KEY", "KeyFilter", "KeysUnseen"]
+
+log = logging.getLogger("rmqdelay.worker")
+
+KEY = "rmqdelay-key"
+"""The header a keyed message carries its key in."""
+_KEYED = b'"key":'
+_WAIT_POLL_S = 0.5
+"""How often a delivery waiting for its record asks again without a record read."""
+_MAX_CLAIMS = 3
+"""Claims one delivery may write before it is given back (each was read back and the
+verdict still asked for one: a fold that disagrees with itself)."""
+
+
+def worker_instance() -> str:
+    """This worker's name in its claims: host, process and a random part (a restarted
+    process is another claimer)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class KeyFilter(WorkerHook):
+    """Claims, drops and forwards keyed and moved copies by the journal's verdict."""
+
+    def __init__(self, layout: Layout, confirm_timeout: float, cancels: CancelFilter) -> None:
+        self.layout = layout
+        self.timeout = confirm_timeout
+        self.book = KeyBook()
+        self.me = worker_instance()
+        self._writer: JournalWriter | None = None
+        self._claims: dict[str, asyncio.Future[None]] = {}
+        """Claims written and not read back yet, by claim id."""
+        self._heard: asyncio.Event | None = None
+        """Set by the next record read, for deliveries waiting for theirs."""
+        self._since_ms = 0
+        """Where the tail began reading: records before it were never read."""
+        cancels.follow(self)
+
+    # ------------------------------------------------------------------ the fold
+
+    def add(self, record: JournalRecord) -> None:
+        self.book.add(record)
+        if record.kind == "claimed" and record.claim_id in self._claims:
+            claimed = self._claims.pop(record.claim_id)
+            if not claimed.done():
+                claimed.set_result(None)
+        heard = self._heard
+        if heard is not None:
+            self._heard = None
+            heard.set()
+
+    def wants(self, line: bytes) -> bool:
+        """Keyed ``scheduled`` lines (the tombstones already take every other kind)."""
+        return _KEYED in line
+
+    def expire(self, now: int) -> int:
+        return self.book.expire(now)
+
+    # ------------------------------------------------------------------ connection
+
+    async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
+        """After the cancel filter (its tail has read the journal to its end)."""
+        self._since_ms = now_ms() - self.layout.max_delay_ms
+        writer = JournalWriter(connection, self.layout, self.timeout)
+        await writer.open()
+        if writer.channel is not None:
+            writer.channel.close_callbacks.add(lambda *_: lost.set())
+        self._writer = writer
+
+    async def on_disconnect(self) -> None:
+        writer, self._writer = self._writer, None
+        for claimed in self._claims.values():
+            claimed.cancel()
+        self._claims.clear()
+        if writer is not None:
+            await writer.close()
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(
+        self, delivery: Delivery, message: AbstractIncomingMessage, publisher: AsyncPublisher
+    ) -> Awaitable[Admission] | None:
+        key = delivery.headers.get(KEY)
+        if key is None:
+            moves = self.book.moves
+            if not moves or delivery.message_id not in moves:
+                return None  # the usual delivery: nothing to ask
+            verdict = self._verdict(delivery, None, "")
+            if verdict.action == "handle":
+                return None
+            return _now(_admission(verdict))
+        return self._keyed(delivery, str(key))
+
+    def _verdict(self, delivery: Delivery, key: str | None, claim_id: str) -> Verdict:
+        return self.book.verdict(
+            delivery.message_id,
+            delivery.due_ms,
+            key,
+            redelivered=delivery.redelivered,
+            now_ms=now_ms(),
+            claim_id=claim_id,
+        )
+
+    async def _keyed(self, delivery: Delivery, key: str) -> Admission:
+        claim_id = ""
+        claims = 0
+        while True:
+            verdict = self._verdict(delivery, key, claim_id)
+            if verdict.action == "handle":
+                copy_ms = self._copy_ms(delivery, verdict)
+                done = functools.partial(self._done, delivery, key, copy_ms)
+                return Admission("handle", verdict.reason, on_success=(done,))
+            if verdict.action == "claim":
+                if claims >= _MAX_CLAIMS:
+                    return Admission("requeue", "claimed, and the journal still asks for a claim")
+                claims += 1
+                claim_id = uuid.uuid4().hex
+                try:
+                    await self._claim(delivery, key, self._copy_ms(delivery, verdict), claim_id)
+                except (JournalError, asyncio.TimeoutError) as exc:
+                    log.warning(
+                        "could not claim the keyed message (%s); it goes back to its queue",
+                        exc,
+                        extra={**delivery.fields, "key": key},
+                    )
+                    return Admission("requeue", "claim not read back")
+                continue
+            if verdict.action == "wait":
+                if self._out_of_reach(delivery):
+                    log.warning(
+                        "a keyed message whose record is older than the journal this worker "
+                        "read: handled without a claim (at least once)",
+                        extra={**delivery.fields, "key": key},
+                    )
+                    return Admission("handle", "record out of reach")
+                await self._next_record()
+                continue
+            return _admission(verdict)
+
+    @staticmethod
+    def _copy_ms(delivery: Delivery, verdict: Verdict) -> int:
+        """The copy's due time, as the book keys its claims."""
+        if delivery.due_ms is not None:
+            return delivery.due_ms
+        return verdict.generation.due_ms if verdict.generation is not None else 0
+
+    def _out_of_reach(self, delivery: Delivery) -> bool:
+        """Whether the delivery's record may precede what the tail read (it was due
+        more than ``max_delay`` after the tail's start, so written before it)."""
+        due = delivery.due_ms
+        return due is not None and due - self.layout.max_delay_ms < self._since_ms
+
+    async def _next_record(self) -> None:
+        if self._heard is None:
+            self._heard = asyncio.Event()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._heard.wait(), _WAIT_POLL_S)
+
+    async def _claim(self, delivery: Delivery, key: str, copy_ms: int, claim_id: str) -> None:
+        """Append the claim and wait for the tail to read it back."""
+        writer = self._writer
+        if writer is None:
+            raise JournalError("not connected")
+        read_back = asyncio.get_running_loop().create_future()
+        self._claims[claim_id] = read_back
+        record = JournalRecord(
+            "claimed",
+            delivery.message_id,
+            delivery.destination,
+            copy_ms,
+            delivery.attempt,
+            recorded_at_ms=now_ms(),
+            key=key,
+            worker=self.me,
+            claim_id=claim_id,
+        )
+        try:
+            await writer.write([record])
+            await asyncio.wait_for(asyncio.shield(read_back), self.timeout)
+        finally:
+            self._claims.pop(claim_id, None)
+
+    async def _done(self, delivery: Delivery, key: str, copy_ms: int) -> None:
+        """The handler returned: every later copy of this generation is a duplicate."""
+        writer = self._writer
+        if writer is None:
+            raise JournalError("not connected: no done record written")
+        record = JournalRecord(
+            "done",
+            delivery.message_id,
+            delivery.destination,
+            copy_ms,
+            delivery.attempt,
+            recorded_at_ms=now_ms(),
+            key=key,
+            worker=self.me,
+        )
+        await writer.write([record])
+
+
+def _admission(verdict: Verdict) -> Admission:
+    if verdict.action == "forward":
+        return Admission("forward", verdict.reason, forward_due_ms=verdict.forward_due_ms)
+    if verdict.action == "drop":
+        return Admission("drop", verdict.reason)
+    return Admission("handle", verdict.reason)
+
+
+async def _now(admission: Admission) -> Admission:
+    return admission
+
+
+class KeysUnseen(WorkerHook):
+    """A worker without the journal cannot tell keyed copies apart: it handles each,
+    and says so once."""
+
+    def __init__(self) -> None:
+        self.told = False
+
+    def before_handle(self, delivery: Delivery) -> bool:
+        if not self.told and KEY in delivery.headers:
+            self.told = True
+            log.warning(
+                "a keyed message reached a worker with the schedule journal off: every copy "
+                "of a key is handled (keys need the journal; turn it on to have at most one "
+                "per key)",
+                extra={**delivery.fields, "key": delivery.headers[KEY]},
+            )
+        return False
