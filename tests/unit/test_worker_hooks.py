@@ -148,6 +148,7 @@ def test_the_app_takes_hooks_in_order_and_refuses_what_is_not_one() -> None:
     assert mine == (first, second)
     assert [type(h).__name__ for h in runner.hooks.all[:-2]] == [
         "CancelFilter",  # first: a cancelled message is neither timed nor logged
+        "KeyFilter",
         "MetricsHook",
         "LogHook",
     ]
