@@ -1,0 +1,275 @@
+"""Keys and reschedules on the worker's side, on a real broker: at most one copy per key
+and generation handled however publishes race, each rescheduled message handled once at
+its new time, and where that stops (a worker without the journal, a journal reader that
+goes down, a publisher's clock ahead)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import Counter
+from typing import Any
+
+import aio_pika
+import pytest
+
+from rmqdelay import AsyncPublisher, Context, Worker
+from rmqdelay.core.clock import ms_of_datetime, now_ms
+from rmqdelay.core.journal import JournalRecord
+from rmqdelay.worker import Delivery, Settled, WorkerHook
+from rmqdelay.worker.cancel import CancelFilter
+from rmqdelay.worker.keys import KEY
+from tests.helpers.keyed import Mode, append, publish_keyed, race, read_book
+from tests.helpers.worker_helpers import TestTopology, queue_depth, wait_until, work_queue
+
+
+class Outcomes(WorkerHook):
+    """Every settled delivery's outcome and reason."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None, str, str]] = []
+        self._lock = threading.Lock()
+
+    def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+        with self._lock:
+            self.seen.append(
+                (delivery.message_id, delivery.due_ms, settled.outcome, settled.reason)
+            )
+
+    def count(self, outcome: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for s in self.seen if outcome is None or s[2] == outcome)
+
+
+class Handled:
+    """Handler calls: (message id, key, due ms, started ms)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None, int | None, int]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, ctx: Context) -> None:
+        due = None if ctx.due_at is None else ms_of_datetime(ctx.due_at)
+        with self._lock:
+            self.calls.append((ctx.message_id, ctx.headers.get(KEY), due, now_ms()))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self.calls)
+
+
+def _workers(
+    topology: TestTopology, dest_name: str, count: int, **extra: Any
+) -> tuple[str, Any, list[Worker], Handled, Outcomes]:
+    handled, outcomes = Handled(), Outcomes()
+    case = topology.worker(dest_name, options={"hooks": [outcomes]}, **extra)
+    apps = [case.app, *(Worker(case.settings, hooks=[outcomes]) for _ in range(count - 1))]
+    for app in apps:
+
+        @app.handler(case.dest)
+        async def handle(msg: Any, ctx: Context) -> None:
+            handled(ctx)
+
+    return case.dest, case.settings, apps, handled, outcomes
+
+
+@pytest.mark.parametrize("mode", ["ignore", "replace"])
+async def test_a_thousand_racing_publishes_of_a_hundred_keys_are_handled_a_hundred_times(
+    shared_topology: TestTopology, mode: Mode
+) -> None:
+    """4 processes publish 1,000 keyed messages over 100 keys at once (a tenth of them
+    sent twice, as a publish whose confirm failed is), two workers consume: each key is
+    handled exactly once, by the winner every reader of the journal agrees on (the
+    first publish for ``ignore``, the last for ``replace``)."""
+    dest, settings, apps, handled, outcomes = _workers(shared_topology, f"race{mode[0]}", 2)
+    keys = [f"{shared_topology.prefix}-{mode}-k{i}" for i in range(100)]
+    due_ms = now_ms() + 15_000
+    url = settings.url.get_secret_value()
+    async with apps[0].running(concurrency=8), apps[1].running(concurrency=8):
+        sent = await asyncio.to_thread(
+            race,
+            url,
+            settings.prefix,
+            dest,
+            mode,
+            keys,
+            1000,
+            4,
+            due_ms,
+        )
+        assert now_ms() < due_ms, "the publishes must end before the first is due"
+        await wait_until(
+            lambda: outcomes.count() >= len(sent),
+            60,
+            lambda: f"{len(sent)} settled deliveries, have {outcomes.count()}",
+        )
+        await asyncio.sleep(1.0)  # room for a second handling to show up
+    assert len(sent) > 1000  # the resends
+    by_key = Counter(key for _, key, _, _ in handled.calls)
+    assert len(handled) == 100, Counter(by_key.values())
+    assert set(by_key) == set(keys)
+    book = await read_book(settings)
+    for message_id, key, _, _ in handled.calls:
+        assert key is not None
+        history = book.generations[key]
+        if mode == "ignore":
+            assert len(history) == 1 and history[0].message_id == message_id
+        else:
+            assert history[-1].message_id == message_id and history[-1].done
+            assert all(g.superseded_by is not None for g in history[:-1])
+    reasons = Counter(s[3] for s in outcomes.seen if s[2] == "dropped")
+    print(f"\n{mode}: {len(sent)} delivered, 100 handled, dropped by reason: {dict(reasons)}")
+    assert outcomes.count("dropped") == len(sent) - 100
+    assert outcomes.count("acked") == 100
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
+
+
+async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
+    shared_topology: TestTopology,
+) -> None:
+    """200 messages moved 3 s later (no body needed: the worker forwards the old copy)
+    and 200 moved 4 s earlier (the rescheduler published a fresh copy): each handled
+    once, due at its new time, never before it, and never at the old time."""
+    dest, settings, apps, handled, outcomes = _workers(shared_topology, "moved", 1)
+    t0 = now_ms()
+    later = {f"{shared_topology.prefix}-later-{i}": t0 + 5_000 + 5 * i for i in range(200)}
+    earlier = {f"{shared_topology.prefix}-earlier-{i}": t0 + 11_000 + 5 * i for i in range(200)}
+    new_due = {m: due + 3_000 for m, due in later.items()}
+    new_due |= {m: due - 4_000 for m, due in earlier.items()}
+    connection = await aio_pika.connect(settings.url.get_secret_value())
+    try:
+        async with AsyncPublisher(settings) as publisher, apps[0].running(concurrency=16):
+            await publisher.publish_many(
+                {"destination": dest, "body": {"n": m}, "at": _at(due), "message_id": m}
+                for m, due in (later | earlier).items()
+            )
+            await publisher.publish_many(  # the earlier ones' fresh copies
+                {"destination": dest, "body": {"n": m}, "at": _at(new_due[m]), "message_id": m}
+                for m in earlier
+            )
+            moves = [
+                JournalRecord(
+                    "rescheduled",
+                    m,
+                    dest,
+                    new_due[m],
+                    recorded_at_ms=now_ms(),
+                    cancels_due_ms=(due,),
+                    fresh_copy=m in earlier,
+                )
+                for m, due in (later | earlier).items()
+            ]
+            await append(connection, settings, moves)
+            assert now_ms() < min(later.values()), "the moves must be recorded in time"
+            await wait_until(
+                lambda: outcomes.count() >= 800, 40, lambda: f"800 settled, have {outcomes.count()}"
+            )
+            await asyncio.sleep(1.0)
+    finally:
+        await connection.close()
+    counts = Counter(m for m, _, _, _ in handled.calls)
+    assert set(counts) == set(new_due) and set(counts.values()) == {1}
+    for message_id, _, due, started in handled.calls:
+        assert due == new_due[message_id]
+        assert started >= new_due[message_id]  # never early
+        if message_id in earlier:
+            assert started < earlier[message_id]  # not at the old time
+    outcome_of = Counter((s[0] in earlier, s[2]) for s in outcomes.seen)
+    assert outcome_of == {
+        (False, "forwarded"): 200,
+        (False, "acked"): 200,
+        (True, "acked"): 200,
+        (True, "dropped"): 200,
+    }
+    assert await queue_depth(settings, work_queue(settings, dest)) == 0
+
+
+def _at(ms: int) -> Any:
+    from rmqdelay.core.clock import datetime_of_ms
+
+    return datetime_of_ms(ms)
+
+
+async def _keyed_trio(
+    settings: Any, dest: str, key: str, *, recorded: list[int | None] | None = None
+) -> list[str]:
+    """Three publishes of ``key`` (ignore), due 1.5 s from now."""
+    due = now_ms() + 1_500
+    ids = []
+    connection = await aio_pika.connect(settings.url.get_secret_value())
+    try:
+        async with AsyncPublisher(settings) as publisher:
+            for i in range(3):
+                at = (recorded or [None, None, None])[i]
+                sent = await publish_keyed(
+                    publisher,
+                    connection,
+                    settings,
+                    dest,
+                    {"i": i},
+                    key=key,
+                    mode="ignore",
+                    due_ms=due + i,
+                    recorded_at_ms=at,
+                )
+                ids.append(sent.message_id)
+    finally:
+        await connection.close()
+    return ids
+
+
+async def test_a_worker_without_the_journal_handles_every_keyed_copy_and_says_so_once(
+    shared_topology: TestTopology, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Where "at most one" stops: only a worker that reads the journal can tell."""
+    dest, settings, _apps, handled, _ = _workers(shared_topology, "blind", 1)
+    blind = settings.model_copy(update={"schedule_journal": False})
+    blind_app = Worker(blind)
+
+    @blind_app.handler(dest)
+    async def handle(msg: Any, ctx: Context) -> None:
+        handled(ctx)
+
+    caplog.set_level(logging.WARNING, logger="rmqdelay.worker")
+    async with blind_app.running(concurrency=4):
+        await _keyed_trio(settings, dest, f"{shared_topology.prefix}-blind")
+        await wait_until(lambda: len(handled) >= 3, 15, "three handled")
+    warnings = [r for r in caplog.records if "journal off" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+async def test_a_journal_reader_that_goes_down_ends_the_session_and_keys_hold_after(
+    shared_topology: TestTopology,
+) -> None:
+    """The tail's channel closes while keyed copies wait: the worker reconnects and
+    reads the journal again before it consumes; the key is still handled once."""
+    dest, settings, apps, handled, outcomes = _workers(shared_topology, "downed", 1)
+    async with apps[0].running(concurrency=4) as runner:
+        await wait_until(lambda: runner.ready.is_set(), 15, "the worker ready")
+        ids = await _keyed_trio(settings, dest, f"{shared_topology.prefix}-downed")
+        cancels = next(h for h in runner.hooks.all if isinstance(h, CancelFilter))
+        assert cancels._tail is not None and cancels._tail.channel is not None
+        await cancels._tail.channel.close()
+        await wait_until(lambda: runner.connects >= 2 and runner.ready.is_set(), 20, "a reconnect")
+        await wait_until(lambda: outcomes.count() >= 3, 15, "three settled")
+        await asyncio.sleep(0.5)
+    assert [m for m, _, _, _ in handled.calls] == [ids[0]]
+    assert outcomes.count("dropped") == 2
+
+
+async def test_a_publisher_clock_ahead_of_the_pending_due_time_starts_a_new_generation(
+    shared_topology: TestTopology,
+) -> None:
+    """Where "at most one" stops: ``pending`` is judged by the publisher's clock as its
+    record says. A record written by a clock ahead of the pending message's due time
+    finds the key free, and its message is handled too (every reader agrees)."""
+    dest, settings, apps, handled, _ = _workers(shared_topology, "skewed", 1)
+    ahead = now_ms() + 60_000
+    async with apps[0].running(concurrency=4):
+        ids = await _keyed_trio(
+            settings, dest, f"{shared_topology.prefix}-skewed", recorded=[None, ahead, None]
+        )
+        await wait_until(lambda: len(handled) >= 2, 15, "two handled")
+        await asyncio.sleep(0.5)
+    assert sorted(m for m, _, _, _ in handled.calls) == sorted([ids[0], ids[1]])
