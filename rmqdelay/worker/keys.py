@@ -38,6 +38,7 @@ from ..core.clock import now_ms
 from ..core.journal import JournalRecord
 from ..core.keys import KeyBook, Verdict
 from ..core.layout import Layout
+from ..core.messages import KEY
 from ..errors import JournalError
 from .cancel import CancelFilter
 from .delivery import Delivery
@@ -47,8 +48,6 @@ __all__ = ["KEY", "KeyFilter", "KeysUnseen"]
 
 log = logging.getLogger("rmqdelay.worker")
 
-KEY = "rmqdelay-key"
-"""The header a keyed message carries its key in."""
 _KEYED = b'"key":'
 _WAIT_POLL_S = 0.5
 """How often a delivery waiting for its record asks again without a record read."""

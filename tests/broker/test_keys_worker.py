@@ -6,6 +6,7 @@ goes down, a publisher's clock ahead)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import Counter
@@ -15,7 +16,8 @@ import aio_pika
 import pytest
 
 from rmqdelay import AsyncPublisher, Context, Worker
-from rmqdelay.core.clock import ms_of_datetime, now_ms
+from rmqdelay.core import clock
+from rmqdelay.core.clock import datetime_of_ms, ms_of_datetime, now_ms
 from rmqdelay.core.journal import JournalRecord
 from rmqdelay.worker import Delivery, Settled, WorkerHook
 from rmqdelay.worker.cancel import CancelFilter
@@ -185,37 +187,31 @@ async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
     assert await queue_depth(settings, work_queue(settings, dest)) == 0
 
 
-def _at(ms: int) -> Any:
-    from rmqdelay.core.clock import datetime_of_ms
+def _ahead(real: Any, by_ms: int) -> int:
+    return int(real()) + by_ms
 
+
+def _at(ms: int) -> Any:
     return datetime_of_ms(ms)
 
 
 async def _keyed_trio(
-    settings: Any, dest: str, key: str, *, recorded: list[int | None] | None = None
+    settings: Any, dest: str, key: str, *, second_clock_ahead_ms: int = 0
 ) -> list[str]:
-    """Three publishes of ``key`` (ignore), due 1.5 s from now."""
+    """Three publishes of ``key`` (ignore), due 1.5 s from now; the second from a
+    publisher whose clock is ahead by ``second_clock_ahead_ms``."""
     due = now_ms() + 1_500
     ids = []
-    connection = await aio_pika.connect(settings.url.get_secret_value())
-    try:
-        async with AsyncPublisher(settings) as publisher:
-            for i in range(3):
-                at = (recorded or [None, None, None])[i]
+    async with AsyncPublisher(settings) as publisher:
+        for i in range(3):
+            with pytest.MonkeyPatch.context() as patch:
+                if i == 1 and second_clock_ahead_ms:
+                    ahead = functools.partial(_ahead, clock.now_ms, second_clock_ahead_ms)
+                    patch.setattr(clock, "now_ms", ahead)
                 sent = await publish_keyed(
-                    publisher,
-                    connection,
-                    settings,
-                    dest,
-                    {"i": i},
-                    key=key,
-                    mode="ignore",
-                    due_ms=due + i,
-                    recorded_at_ms=at,
+                    publisher, dest, {"i": i}, key=key, mode="ignore", due_ms=due + i
                 )
-                ids.append(sent.message_id)
-    finally:
-        await connection.close()
+            ids.append(sent.message_id)
     return ids
 
 
@@ -265,10 +261,9 @@ async def test_a_publisher_clock_ahead_of_the_pending_due_time_starts_a_new_gene
     record says. A record written by a clock ahead of the pending message's due time
     finds the key free, and its message is handled too (every reader agrees)."""
     dest, settings, apps, handled, _ = _workers(shared_topology, "skewed", 1)
-    ahead = now_ms() + 60_000
     async with apps[0].running(concurrency=4):
         ids = await _keyed_trio(
-            settings, dest, f"{shared_topology.prefix}-skewed", recorded=[None, ahead, None]
+            settings, dest, f"{shared_topology.prefix}-skewed", second_clock_ahead_ms=60_000
         )
         await wait_until(lambda: len(handled) >= 2, 15, "two handled")
         await asyncio.sleep(0.5)

@@ -1,10 +1,5 @@
-"""Keyed publishes and reschedules for the keys tests, written as the journal records
-them: a keyed ``scheduled`` record (with its key and on-conflict mode) appended and
-confirmed, then the message with its ``rmqdelay-key`` header, due at the record's time.
-
-The publisher's own ``key=`` / ``reschedule`` (helper ``pub``) replaces these when it
-lands; until then the records are the same bytes the fold reads.
-"""
+"""Keyed publishes from racing processes, reschedule records, and the journal folded, for
+the keys tests on the worker's side."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ from rmqdelay.core import journal_flows
 from rmqdelay.core.clock import datetime_of_ms, now_ms
 from rmqdelay.core.journal import JournalRecord
 from rmqdelay.core.keys import KeyBook
-from rmqdelay.worker.keys import KEY
 
 Mode = Literal["ignore", "replace"]
 
@@ -45,8 +39,6 @@ async def append(
 
 async def publish_keyed(
     publisher: AsyncPublisher,
-    connection: aio_pika.abc.AbstractConnection,
-    settings: Settings,
     destination: str,
     body: Any,
     *,
@@ -54,30 +46,19 @@ async def publish_keyed(
     mode: Mode,
     due_ms: int,
     message_id: str | None = None,
-    recorded_at_ms: int | None = None,
 ) -> Sent:
-    """A keyed publish: its record first (confirmed), then the message due at ``due_ms``."""
+    """A keyed publish due at ``due_ms`` (``message_id`` given: the same copy again)."""
     message_id = message_id or str(uuid.uuid4())
-    recorded = now_ms() if recorded_at_ms is None else recorded_at_ms
-    record = JournalRecord(
-        "scheduled",
-        message_id,
-        destination,
-        due_ms,
-        recorded_at_ms=recorded,
-        key=key,
-        on_conflict=mode,
-    )
-    await append(connection, settings, [record])
     result = await publisher.publish(
         destination,
         body,
         at=datetime_of_ms(due_ms),
-        headers={KEY: key},
         message_id=message_id,
+        key=key,
+        on_conflict=mode,
     )
-    assert result.due_at_ms == due_ms, (result.due_at_ms, due_ms)
-    return Sent(message_id, key, due_ms, recorded)
+    assert result.key == key
+    return Sent(message_id, key, due_ms, now_ms())
 
 
 def settings_of(url: str, prefix: str, name: str) -> Settings:
@@ -97,41 +78,33 @@ async def _publish_share(
     settings = settings_of(url, prefix, f"{prefix}-pub-{seed}")
     rng = random.Random(seed)
     sent: list[tuple[str, str, int]] = []
-    connection = await aio_pika.connect(url)
-    try:
-        async with AsyncPublisher(settings) as publisher:
+    async with AsyncPublisher(settings) as publisher:
 
-            async def one(key: str) -> None:
-                due = due_ms + rng.randrange(0, 1000)
-                done = await publish_keyed(
+        async def one(key: str) -> None:
+            due = due_ms + rng.randrange(0, 1000)
+            done = await publish_keyed(
+                publisher,
+                destination,
+                {"key": key},
+                key=key,
+                mode=mode,
+                due_ms=due,
+            )
+            sent.append((done.message_id, key, due))
+            if rng.random() < resend_share:  # at least once: the same copy again
+                await publish_keyed(
                     publisher,
-                    connection,
-                    settings,
                     destination,
                     {"key": key},
                     key=key,
                     mode=mode,
                     due_ms=due,
+                    message_id=done.message_id,
                 )
                 sent.append((done.message_id, key, due))
-                if rng.random() < resend_share:  # at least once: the same copy again
-                    await publish_keyed(
-                        publisher,
-                        connection,
-                        settings,
-                        destination,
-                        {"key": key},
-                        key=key,
-                        mode=mode,
-                        due_ms=due,
-                        message_id=done.message_id,
-                    )
-                    sent.append((done.message_id, key, due))
 
-            for start in range(0, len(keys), 25):
-                await asyncio.gather(*(one(k) for k in keys[start : start + 25]))
-    finally:
-        await connection.close()
+        for start in range(0, len(keys), 25):
+            await asyncio.gather(*(one(k) for k in keys[start : start + 25]))
     return sent
 
 
