@@ -160,29 +160,62 @@ class Hooks:
                 )
         return False
 
-    async def admit(
+    def admit(
         self, delivery: Delivery, message: AbstractIncomingMessage, publisher: AsyncPublisher
-    ) -> Admission:
-        """What the admitting hooks say, in order; a hook that fails says ``handle``
+    ) -> Awaitable[Admission] | None:
+        """None when no admitting hook has a say (the usual delivery: no coroutine, no
+        await); otherwise what they say, in order. A hook that fails says ``handle``
         (at least once)."""
+        for index, hook in enumerate(self.admitting):
+            pending = self._ask(hook, delivery, message, publisher)
+            if pending is not None:
+                return self._admit_from(index, pending, delivery, message, publisher)
+        return None
+
+    def _ask(
+        self,
+        hook: WorkerHook,
+        delivery: Delivery,
+        message: AbstractIncomingMessage,
+        publisher: AsyncPublisher,
+    ) -> Awaitable[Admission] | None:
+        try:
+            return hook.admit(delivery, message, publisher)
+        except Exception:
+            self._failed(hook, delivery)
+            return None
+
+    async def _admit_from(
+        self,
+        index: int,
+        pending: Awaitable[Admission] | None,
+        delivery: Delivery,
+        message: AbstractIncomingMessage,
+        publisher: AsyncPublisher,
+    ) -> Admission:
         on_success: tuple[OnSuccess, ...] = ()
-        for hook in self.admitting:
-            try:
-                pending = hook.admit(delivery, message, publisher)
-                if pending is None:
-                    continue
-                admission = await pending
-            except Exception:
-                log.exception(
-                    "hook %s failed in admit; the message is handled",
-                    _name(hook),
-                    extra=delivery.fields,
-                )
-                continue
-            if admission.action != "handle":
-                return admission
-            on_success += admission.on_success
+        hooks = self.admitting
+        while True:
+            if pending is not None:
+                try:
+                    admission = await pending
+                except Exception:
+                    self._failed(hooks[index], delivery)
+                else:
+                    if admission.action != "handle":
+                        return admission
+                    on_success += admission.on_success
+            index += 1
+            if index >= len(hooks):
+                break
+            pending = self._ask(hooks[index], delivery, message, publisher)
         return Admission("handle", on_success=on_success) if on_success else HANDLE
+
+    @staticmethod
+    def _failed(hook: WorkerHook, delivery: Delivery) -> None:
+        log.exception(
+            "hook %s failed in admit; the message is handled", _name(hook), extra=delivery.fields
+        )
 
     def settled(self, delivery: Delivery, settled: Settled) -> None:
         for hook in self._after:

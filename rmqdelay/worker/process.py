@@ -246,8 +246,11 @@ class Processor:
             self.hooks.settled(delivery, await session.settler.skip(message))
             return
         admission = HANDLE
-        if self.hooks.admitting:
-            admission = await self.hooks.admit(delivery, message, session.publisher)
+        pending = (
+            self.hooks.admit(delivery, message, session.publisher) if self.hooks.admitting else None
+        )
+        if pending is not None:  # a hook has a say: wait for it
+            admission = await pending
             if admission.action != "handle":
                 await self._settle_admission(session, spec, message, delivery, admission)
                 return
