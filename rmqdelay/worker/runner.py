@@ -28,6 +28,7 @@ from .logs import LogHook
 from .metrics import MetricsHook
 from .process import Processor
 from .reconnect import RETRIED, reconnect_delay, why_retry
+from .recurring import RecurringHook, RecurringUnseen
 from .session import Consuming, Session, first
 
 __all__ = ["RunningWorker"]
@@ -83,14 +84,17 @@ class RunningWorker:
         own: list[WorkerHook] = [MetricsHook(), LogHook()]
         self.tombstones = Tombstones()
         self.keys: KeyFilter | None = None
+        self.recurring: RecurringHook | None = None
         if self.layout.journal:
             cancels = CancelFilter(self.layout, settings.confirm_timeout)
             self.tombstones = cancels.tombstones
             self.keys = KeyFilter(self.layout, settings.confirm_timeout, cancels)
+            # after the keys filter: an occurrence is this worker's before its chain moves on
+            self.recurring = RecurringHook(cancels)
             # first: a cancelled message is neither timed nor logged
-            own[:0] = [cancels, self.keys]
+            own[:0] = [cancels, self.keys, self.recurring]
         else:
-            own.insert(0, KeysUnseen())
+            own[:0] = [KeysUnseen(), RecurringUnseen()]
         self.hooks = Hooks([*own, *hooks])
         self._not_consuming = asyncio.Event()
         """Set once the consumers are cancelled at shutdown: messages that never started

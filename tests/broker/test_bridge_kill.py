@@ -102,9 +102,7 @@ async def test_kill_9_of_a_bridge_with_1000_in_flight_loses_nothing_and_is_never
     queue = case.bind("#")
     work = case.settings.layout.work_queue(case.names.destination)
     rng = random.Random(19)
-    delays = [
-        rng.randint(*(SHORT_MS if i % SHORT_EVERY == 0 else LONG_MS)) for i in range(COUNT)
-    ]
+    delays = [rng.randint(*(SHORT_MS if i % SHORT_EVERY == 0 else LONG_MS)) for i in range(COUNT)]
     sent: dict[str, float] = {}
     arrived: list[tuple[float, str]] = []
 

@@ -3,13 +3,17 @@ worker carries forward (the SIGKILL test is tests/broker/test_recurring_kill.py)
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+
 import pytest
 
-from rmqdelay import Publisher, RecurringError
+from rmqdelay import AsyncPublisher, Publisher, RecurringError
 from rmqdelay.core.clock import now_ms
 from rmqdelay.core.keys import recurring_key
 from rmqdelay.core.recurring import CHAIN, OCCURRENCE, RECURRING, STATE, read_occurrence
-from tests.helpers.worker_helpers import TestTopology
+from rmqdelay.worker.context import Context
+from tests.helpers.worker_helpers import TestTopology, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -89,3 +93,49 @@ def test_add_refuses_what_cannot_work(shared_topology: TestTopology) -> None:
             publisher.add_recurring("no spaces", dest, b"x", every="1m")
         # nothing was recorded: the name is free
         assert "daily" not in [s.name for s in publisher.list_recurring()]
+
+
+async def test_a_worker_carries_the_chain_pause_resume_remove(
+    shared_topology: TestTopology,
+) -> None:
+    """every 1s: each occurrence handled once, in order, at or after its time; paused
+    occurrences are acked unhandled and the chain goes on; remove ends it."""
+    case = shared_topology.worker("recur-w")
+    dest, settings, app, calls = case
+    name = shared_topology.dest("tick")
+
+    @app.handler(dest)
+    async def handle(msg: dict[str, str], ctx: Context) -> None:
+        calls.record(msg, ctx)
+
+    def occurrences() -> list[int]:
+        return [int(c.headers[OCCURRENCE]) for c in calls.items]
+
+    async with case.running(concurrency=2), AsyncPublisher(settings) as publisher:
+        added = await publisher.add_recurring(name, dest, {"tick": "x"}, every="1s")
+        assert added.next_ms is not None
+        await wait_until(lambda: len(calls) >= 3, 20, "three occurrences handled")
+        assert (await publisher.pause_recurring(name)).outcome == "paused"
+        paused_at = now_ms()
+        handled_before_pause = len(calls)
+        await asyncio.sleep(2.5)
+        during = [at for at in occurrences()[handled_before_pause:] if at > paused_at + 1000]
+        assert during == []  # at most the one already admitted when the pause was written
+        schedules = {s.name: s for s in await publisher.list_recurring()}
+        assert schedules[name].state == "paused"
+        assert schedules[name].next_occurrence(now_ms()) is not None  # the chain goes on
+        assert (await publisher.resume_recurring(name)).outcome == "resumed"
+        resumed = len(calls)
+        await wait_until(lambda: len(calls) >= resumed + 2, 20, "handled again after resume")
+        removed = await publisher.remove_recurring(name)
+        assert removed.outcome == "removed"
+        ended = len(calls)
+        await asyncio.sleep(2.5)
+        assert len(calls) <= ended + 1  # one may have been admitted as the remove went out
+    seen = occurrences()
+    assert seen == sorted(set(seen))  # each once, in order
+    assert seen[0] == added.next_ms
+    assert all(b - a >= 1000 and (b - a) % 1000 == 0 for a, b in itertools.pairwise(seen))
+    for call in calls.items:
+        assert call.at * 1000 >= int(call.headers[OCCURRENCE])  # never early
+        assert call.value == {"tick": "x"}

@@ -236,4 +236,3 @@ def test_several_urls_each_with_its_own_password_never_show(
     said = _retrying_worker_log(env, tmp_path, "text")
     assert "127.0.0.1:1" in said and "127.0.0.1:2" in said
     hidden(said)
-

@@ -392,6 +392,7 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     # the hops stalled up to 76 s (README, Running on a cluster)
     assert max(lateness) <= PARTITION_S + 15
 
+
 def test_a_partition_of_the_clients_node_loses_nothing(local_cluster: Cluster) -> None:
     _partition_run(local_cluster, cut=2, first=2)
 

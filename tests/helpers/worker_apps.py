@@ -46,3 +46,14 @@ async def slow(msg: str, ctx: Context) -> None:
     record("start", ctx)
     await asyncio.sleep(_SLEEP)
     record("done", ctx)
+
+
+RECUR = os.environ.get("WORKER_TEST_RECUR", "recur")
+
+
+@app.handler(RECUR)
+async def recur(msg: object, ctx: Context) -> None:
+    """Async, for recurring occurrences (their ids name the occurrence's time)."""
+    record("start", ctx)
+    await asyncio.sleep(_SLEEP)
+    record("done", ctx)
