@@ -22,9 +22,16 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 
 from ..amqp.aio_publisher import AsyncPublisher
-from ..core.journal import JournalRecord
+from ..core.clock import now_ms
+from ..core.journal import CANCEL_MARGIN_MS, JournalRecord
 from ..core.messages import carried_properties, clean_headers
-from ..core.recurring import RECURRING, OccurrenceDecision, RecurringBook, read_occurrence
+from ..core.recurring import (
+    RECURRING,
+    Occurrence,
+    OccurrenceDecision,
+    RecurringBook,
+    read_occurrence,
+)
 from ..core.recurring_flows import occurrence_options
 from ..errors import RecurringError
 from .cancel import CancelFilter
@@ -101,6 +108,38 @@ class RecurringHook(WorkerHook):
                 extra=delivery.fields,
             )
             return Admission("drop", f"recurring {decision.reason}")
+        if self._long_recorded(following):
+            # its record is older than the keys fold keeps: a resend would be a new
+            # generation, handled again; the first publish of it went out long ago
+            log.info(
+                "recurring schedule %r: the next occurrence (%d) was published long ago; not again",
+                name,
+                following.at_ms,
+                extra=delivery.fields,
+            )
+        elif not await self._publish(delivery, message, publisher, following):
+            return Admission("requeue", "next occurrence not confirmed")
+        if decision.action == "skip":
+            return Admission("drop", "recurring paused")
+        return Admission("handle")
+
+    def _long_recorded(self, following: Occurrence) -> bool:
+        known = self.book.schedules.get(following.name)
+        return (
+            known is not None
+            and known.chain == following.chain
+            and following.at_ms in known.occurrences
+            and following.at_ms < now_ms() - CANCEL_MARGIN_MS
+        )
+
+    async def _publish(
+        self,
+        delivery: Delivery,
+        message: AbstractIncomingMessage,
+        publisher: AsyncPublisher,
+        following: Occurrence,
+    ) -> bool:
+        """Publish the next occurrence, confirmed; False (logged) when it was not."""
         headers = {
             k: v for k, v in clean_headers(delivery.headers).items() if not k.startswith(_OURS)
         }
@@ -111,14 +150,12 @@ class RecurringHook(WorkerHook):
             log.warning(
                 "recurring schedule %r: the next occurrence was not confirmed (%r); this "
                 "one goes back to its queue",
-                name,
+                following.name,
                 exc,
                 extra=delivery.fields,
             )
-            return Admission("requeue", "next occurrence not confirmed")
-        if decision.action == "skip":
-            return Admission("drop", "recurring paused")
-        return Admission("handle")
+            return False
+        return True
 
 
 class RecurringUnseen(WorkerHook):
