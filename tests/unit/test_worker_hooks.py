@@ -149,6 +149,7 @@ def test_the_app_takes_hooks_in_order_and_refuses_what_is_not_one() -> None:
     assert [type(h).__name__ for h in runner.hooks.all[:-2]] == [
         "CancelFilter",  # first: a cancelled message is neither timed nor logged
         "KeyFilter",
+        "RecurringHook",  # after the keys filter: the occurrence is this worker's first
         "MetricsHook",
         "LogHook",
     ]
