@@ -139,3 +139,47 @@ async def test_a_worker_carries_the_chain_pause_resume_remove(
     for call in calls.items:
         assert call.at * 1000 >= int(call.headers[OCCURRENCE])  # never early
         assert call.value == {"tick": "x"}
+
+
+def test_the_command_line(shared_topology: TestTopology) -> None:
+    """add, list, pause, resume, remove and status --recurring as a user types them."""
+    import json
+
+    from tests.helpers.cli import invoke, settings_env
+
+    dest = shared_topology.dest("recur-cli")
+    name = shared_topology.dest("nightly")
+    settings = shared_topology.settings([dest])
+    env = settings_env(settings)
+
+    def cli(*args: str) -> tuple[int, str]:
+        result = invoke(env, *args)
+        return result.exit_code, result.output
+
+    code, said = cli(
+        "recurring", "add", name, '{"n": 1}', "-d", dest, "--cron", "*/30 * * * *",
+        "--tz", "Europe/Berlin", "--json",
+    )  # fmt: skip
+    assert code == 0, said
+    added = json.loads(said)
+    assert (added["outcome"], added["rule"]) == ("added", "cron */30 * * * * (Europe/Berlin)")
+    code, said = cli("recurring", "add", name, "x", "-d", dest, "--cron", "*/30 * * * *",
+                     "--tz", "Europe/Berlin")  # fmt: skip
+    assert code == 0 and f"{name}: exists" in said, said
+    code, said = cli("recurring", "list", "--json")
+    rows = [json.loads(line) for line in said.splitlines()]
+    (row,) = [r for r in rows if r["name"] == name]
+    assert (row["state"], row["next_ms"]) == ("active", added["next_ms"])
+    assert cli("recurring", "pause", name)[0] == 0
+    code, said = cli("recurring", "list")
+    assert code == 0 and name in said and "paused" in said, said
+    code, said = cli("status", "--recurring", "--json", "-d", dest)
+    assert code == 0, said
+    assert json.loads(said)["recurring"]["paused"] >= 1
+    assert cli("recurring", "resume", name)[0] == 0
+    code, said = cli("recurring", "remove", name)
+    assert code == 0 and "cancelled the pending occurrence" in said, said
+    code, said = cli("recurring", "remove", name)
+    assert code == 1 and f"{name}: unknown" in said, said
+    code, said = cli("recurring", "add", name, "x", "-d", dest, "--cron", "99 * * * *")
+    assert code == 2 and "5 fields" in said, said
