@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from typing_extensions import Unpack
 
+from .amqp.recurring_api import RecurringFlows, RecurringMethods
 from .core import clock, failures, journal_flows
 from .core.durations import DurationLike, parse_duration_us
 from .core.journal import (
@@ -32,6 +33,7 @@ from .core.journal import (
 from .core.journal_steps import Append, Follow, Read, ReadEnd
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
+from .core.recurring import RecurringResult, RecurringSchedule
 from .core.reschedule import RescheduleResult
 from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
 from .settings import Settings
@@ -332,7 +334,7 @@ class _Memory:
         return self.core.no_exchange(out, f"NOT_FOUND - no exchange {out.exchange!r}")
 
 
-class InMemoryPublisher(_Memory):
+class InMemoryPublisher(_Memory, RecurringMethods):
     """A :class:`~rmqdelay.Publisher` without a broker, for unit tests.
 
     ``destinations``: the work queues that exist (default: every one); ``settings``
@@ -388,7 +390,7 @@ class InMemoryPublisher(_Memory):
         return self._list_scheduled(destination, due_before, limit, key)
 
 
-class AsyncInMemoryPublisher(_Memory):
+class AsyncInMemoryPublisher(_Memory, RecurringFlows):
     """An :class:`~rmqdelay.AsyncPublisher` without a broker: :class:`InMemoryPublisher`
     with awaited methods."""
 
@@ -432,3 +434,21 @@ class AsyncInMemoryPublisher(_Memory):
         key: str | None = None,
     ) -> list[JournalRecord]:
         return self._list_scheduled(destination, due_before, limit, key)
+
+    async def add_recurring(
+        self, name: str, destination: str, body: object, **options: Any
+    ) -> RecurringResult:
+        """:meth:`rmqdelay.AsyncPublisher.add_recurring` against this publisher's journal."""
+        return RecurringMethods.add_recurring(self, name, destination, body, **options)  # type: ignore[arg-type]
+
+    async def pause_recurring(self, name: str) -> RecurringResult:
+        return RecurringMethods.pause_recurring(self, name)  # type: ignore[arg-type]
+
+    async def resume_recurring(self, name: str) -> RecurringResult:
+        return RecurringMethods.resume_recurring(self, name)  # type: ignore[arg-type]
+
+    async def remove_recurring(self, name: str) -> RecurringResult:
+        return RecurringMethods.remove_recurring(self, name)  # type: ignore[arg-type]
+
+    async def list_recurring(self) -> list[RecurringSchedule]:
+        return RecurringMethods.list_recurring(self)  # type: ignore[arg-type]

@@ -22,10 +22,12 @@ if TYPE_CHECKING:
     from ..core.publisher_core import PublisherCore
     from ..settings import Settings
 
-__all__ = ["AsyncRecurringMethods", "RecurringMethods"]
+__all__ = ["AsyncRecurringMethods", "RecurringFlows", "RecurringMethods"]
 
 
-class _Base:
+class RecurringFlows:
+    """The flows of the calls, for a class with ``core``, ``settings`` and ``_run``."""
+
     if TYPE_CHECKING:
         core: PublisherCore
         settings: Settings
@@ -62,7 +64,7 @@ class _Base:
         return flows.switch(self.core.layout, name, op, timeout=self.settings.confirm_timeout)
 
 
-class RecurringMethods(_Base):
+class RecurringMethods(RecurringFlows):
     """Recurring schedules, for the synchronous publisher."""
 
     def add_recurring(
@@ -117,7 +119,7 @@ class RecurringMethods(_Base):
         return found
 
 
-class AsyncRecurringMethods(_Base):
+class AsyncRecurringMethods(RecurringFlows):
     """Recurring schedules, for the asyncio publisher (see :class:`RecurringMethods`)."""
 
     async def add_recurring(

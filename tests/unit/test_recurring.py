@@ -357,3 +357,72 @@ def test_status_counts_recurring_schedules_when_asked() -> None:
     families = {f.name: f for f in text_string_to_metric_families(prometheus_text(asked))}
     samples = {s.labels["state"]: s.value for s in families["rmqdelay_recurring_schedules"].samples}
     assert samples == {"active": 2, "paused": 1}
+
+
+# ------------------------------------------------------------- the calls, in memory
+
+
+def test_the_calls_on_the_in_memory_publisher() -> None:
+    import asyncio
+
+    from rmqdelay.core.keys import recurring_key
+    from rmqdelay.settings import Settings
+    from rmqdelay.testing import AsyncInMemoryPublisher, InMemoryPublisher
+
+    settings = Settings(prefix="recur-mem", max_delay="2d")
+    with InMemoryPublisher(settings) as publisher:
+        added = publisher.add_recurring("poll", "jobs", b"poll", every="15m", headers={"a": "1"})
+        assert added.outcome == "added" and added.next_ms is not None
+        assert added.next_ms % 900_000 == 0
+        (sent,) = publisher.sent
+        assert sent.message_id == f"{recurring_key('poll', added.next_ms)}:" + str(
+            sent.headers["rmqdelay-recurring-chain"]
+        )
+        assert sent.headers["a"] == "1" and sent.headers[RECURRING] == "poll"
+        assert publisher.add_recurring("poll", "jobs", b"poll", every="15m").outcome == "exists"
+        with pytest.raises(RecurringError, match="remove it first"):
+            publisher.add_recurring("poll", "other", b"poll", every="15m")
+        assert [s.name for s in publisher.list_recurring()] == ["poll"]
+        assert publisher.pause_recurring("poll").outcome == "paused"
+        assert publisher.list_recurring()[0].state == "paused"
+        assert publisher.resume_recurring("poll").outcome == "resumed"
+        removed = publisher.remove_recurring("poll")
+        assert removed.cancelled == (sent.message_id,)
+        assert publisher.list_recurring() == []
+        assert publisher.remove_recurring("poll").outcome == "unknown"
+        kinds = [(r.kind, r.data.get("op")) for r in publisher.journal if r.kind != "scheduled"]
+        assert kinds == [
+            ("recurring", "add"),
+            ("recurring", "pause"),
+            ("recurring", "resume"),
+            ("recurring", "remove"),
+            ("cancelled", None),
+        ]
+        # a first time: not before it (cron), counted from it (every)
+        tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+        first_at = tomorrow.replace(hour=8, minute=59, second=0)
+        nine = publisher.add_recurring(
+            "nine", "jobs", b"x", cron="0 9 * * *", tz="Europe/Berlin", first_at=first_at
+        )
+        assert nine.next_ms is not None and nine.next_ms >= ms(first_at)
+        assert local(nine.next_ms)[11:19] == "09:00:00"
+        assert nine.next_ms - ms(first_at) <= 86_400_000
+        every = publisher.add_recurring("from", "jobs", b"x", every="1h", first_at=tomorrow)
+        assert every.next_ms == ms(tomorrow)
+        (record,) = [
+            r for r in publisher.journal if r.data.get("op") == "add" and r.message_id == "from"
+        ]
+        assert rule_of(record.data["rule"]).next_after(ms(tomorrow)) == ms(tomorrow) + 3_600_000
+        with pytest.raises(RecurringError, match="longest delay"):
+            publisher.add_recurring("weekly", "jobs", b"x", cron="0 9 * * 1")
+
+    async def run() -> None:
+        async with AsyncInMemoryPublisher(settings) as publisher:
+            added = await publisher.add_recurring("tick", "jobs", b"t", every="2s")
+            assert added.outcome == "added"
+            assert (await publisher.pause_recurring("tick")).outcome == "paused"
+            assert (await publisher.resume_recurring("tick")).outcome == "resumed"
+            assert [s.state for s in await publisher.list_recurring()] == ["active"]
+            assert (await publisher.remove_recurring("tick")).outcome == "removed"
+
+    asyncio.run(run())
