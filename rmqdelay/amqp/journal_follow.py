@@ -87,7 +87,11 @@ class BlockingFollower:
             self._ack(_ACK_EVERY)
             if time.monotonic() > deadline:
                 return "silent"
-            connection.process_data_events(time_limit=0.05)
+            # a poll first: the write is usually in by the time its confirm came, and a
+            # wait with a time limit costs pika a timer
+            connection.process_data_events(time_limit=0)
+            if not self._waiting:
+                connection.process_data_events(time_limit=0.05)
 
     def _consumer(self, step: Follow) -> pika.BlockingConnection:
         if self._connection is not None and self._connection.is_open:

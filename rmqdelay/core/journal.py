@@ -176,14 +176,21 @@ def encode_scheduled(
     attempt: int,
     body_size: int,
     recorded_at_ms: int,
+    key: str | None = None,
+    on_conflict: OnConflict | None = None,
 ) -> bytes:
     """:func:`encode_record` of a ``scheduled`` record with no headers and no body, the
     usual one, without building the record first: the journal is written on every
     publish. The same bytes (``tests/unit/test_journal.py`` checks it)."""
+    keyed = ""
+    if key is not None:
+        keyed = f'"key":{json.dumps(key)},'
+        if on_conflict is not None:
+            keyed += f'"m":"{on_conflict}",'
     return (
         f'{{"v":{_VERSION},"k":"scheduled","id":{json.dumps(message_id)},'
         f'"d":{json.dumps(destination)},"due":{due_at_ms},"a":{attempt},"n":{body_size},'
-        f'"t":{recorded_at_ms}}}'
+        f'{keyed}"t":{recorded_at_ms}}}'
     ).encode()
 
 

@@ -13,11 +13,11 @@ Pure: the adapters carry out the Follow step.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..errors import JournalError
-from .journal import decode_record
+from .journal import JournalRecord, decode_record
 from .journal_steps import Follow
 from .keys import Generation, KeyBook, Loser
 from .layout import Layout
@@ -28,6 +28,7 @@ __all__ = ["KeyFollower", "key_answer", "keyed_line", "read_back"]
 
 _SCHEDULED = b'"k":"scheduled"'
 _KEYED = b'"key":'
+_MARKER = b'"k":"marker"'
 
 
 def keyed_line(line: bytes) -> bool:
@@ -50,8 +51,8 @@ class KeyFollower:
     """The fold of every keyed record read."""
     next_offset: int | None = None
     """The offset of the first stream message not read yet; None before the first read."""
-    expected: set[str] = field(default_factory=set)
-    """Markers of journal writes sent and not read back yet."""
+    expected: dict[str, tuple[JournalRecord, ...]] = field(default_factory=dict)
+    """Markers of journal writes sent and not read back yet, with their keyed records."""
     seen: set[str] = field(default_factory=set)
     """Markers read back and not yet claimed by the publish that waits for them."""
 
@@ -59,6 +60,8 @@ class KeyFollower:
         if self.next_offset is not None and offset < self.next_offset:
             return
         self.next_offset = offset + 1
+        if self.expected and self._own(body):
+            return
         for line in body.split(b"\n"):
             if not keyed_line(line):
                 continue
@@ -66,21 +69,35 @@ class KeyFollower:
             if record is None:
                 continue
             if record.kind == "marker":
-                if record.message_id in self.expected:
-                    self.expected.discard(record.message_id)
+                if self.expected.pop(record.message_id, None) is not None:
                     self.seen.add(record.message_id)
                 continue
             self.book.add(record)
 
-    def expect(self, markers: Iterable[str]) -> None:
-        """Markers about to be written: noted before the write goes out, since another
-        publish of this publisher may read the journal past them first."""
+    def _own(self, body: bytes) -> bool:
+        """Fold a write of this publisher's own from the records it kept: decoding every
+        line again cost a keyed batch a third of its time. Its marker is its last line."""
+        cut = body.rfind(b"\n")
+        last = body[cut + 1 :]
+        if cut < 0 or _MARKER not in last:  # a marker alone is read as any marker is
+            return False
+        record = decode_record(last)
+        if record is None or record.message_id not in self.expected:
+            return False
+        for own in self.expected.pop(record.message_id):
+            self.book.add(own)
+        self.seen.add(record.message_id)
+        return True
+
+    def expect(self, markers: Mapping[str, tuple[JournalRecord, ...]]) -> None:
+        """Markers about to be written, with their writes' keyed records: noted before
+        the write goes out, since another publish of this publisher may read past them."""
         self.expected.update(markers)
 
     def forget(self, markers: Iterable[str]) -> None:
         """Markers whose write failed: nobody waits for them."""
         for marker in markers:
-            self.expected.discard(marker)
+            self.expected.pop(marker, None)
             self.seen.discard(marker)
 
     def reached(self, markers: Iterable[str]) -> bool:
@@ -157,4 +174,15 @@ def key_answer(book: KeyBook, prepared: Prepared, result: PublishResult) -> Publ
     if outcome == "replaced":
         history = book.generations[entry.key]
         replaced_id = history[history.index(entry) - 1].message_id
-    return replace(result, generation=entry.number, outcome=outcome, replaced_id=replaced_id)
+    # built, not replace()d: a keyed batch answers every message
+    return PublishResult(
+        result.message_id,
+        result.destination,
+        result.due_at_ms,
+        result.routing_key,
+        result.hops,
+        result.key,
+        entry.number,
+        outcome,
+        replaced_id,
+    )

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from ..errors import BatchPublishError, PublishError
 from .clock import datetime_of_ms, ms_of_us
 from .durations import DurationLike
+from .journal import JournalRecord
 from .messages import DESTINATION, DUE_AT, MessageProperties
 from .plan import DelayPlan
 
@@ -81,6 +82,9 @@ class Prepared:
     marker: str | None = None
     """For a journal write holding keyed records: the id of the marker record it ends
     with, which the publisher reads the journal up to before it answers."""
+    own_records: tuple[JournalRecord, ...] = field(default=(), repr=False)
+    """The write's keyed records, which the publisher folds when it reads the write back
+    instead of decoding them again."""
 
     @property
     def content_type(self) -> str:

@@ -435,7 +435,7 @@ class PublisherCore:
         # the records go in the same confirm window as the messages they describe
         chunks = [batch[i : i + RECORDS_PER_WRITE] for i in range(0, len(batch), RECORDS_PER_WRITE)]
         writes = [self.journal_write(chunk) for chunk in chunks]
-        marked = [w.marker for w in writes if w.marker is not None]
+        marked = {w.marker: w.own_records for w in writes if w.marker is not None}
         if marked:  # before sending: another publish may read past them first
             self.key_follower().expect(marked)
         sent: list[Outcome] = yield Send([*batch, *writes])
@@ -459,16 +459,43 @@ class PublisherCore:
         due time, attempt, body size, headers (and the body, if ``journal_bodies``)."""
         recorded = clock.now_ms() if now_ms is None else now_ms
         lines = []
+        keyed: list[JournalRecord] = []
         answers = False
         for p in batch:
             attempt = p.headers.get(ATTEMPT, 1)
             due_ms = ms_of_us(p.due_at_us)
-            plain = len(p.headers) == 1 and ATTEMPT in p.headers and type(attempt) is int
-            answers = answers or p.on_conflict is not None
+            key = p.key
+            plain = (
+                len(p.headers) == (1 if key is None else 2)
+                and ATTEMPT in p.headers
+                and type(attempt) is int
+            )
+            if key is not None and p.on_conflict is not None:
+                answers = True
+                # what this publisher's own read back folds without decoding it again
+                keyed.append(
+                    JournalRecord(
+                        "scheduled",
+                        p.message_id,
+                        p.destination,
+                        due_ms,
+                        attempt=int(attempt),
+                        recorded_at_ms=recorded,
+                        key=key,
+                        on_conflict=p.on_conflict,
+                    )
+                )
             if plain and not self.journal_bodies:
                 lines.append(
                     encode_scheduled(
-                        p.message_id, p.destination, due_ms, attempt, len(p.body), recorded
+                        p.message_id,
+                        p.destination,
+                        due_ms,
+                        attempt,
+                        len(p.body),
+                        recorded,
+                        key,
+                        p.on_conflict,
                     )
                 )
                 continue
@@ -482,7 +509,7 @@ class PublisherCore:
                 headers={k: v for k, v in p.headers.items() if k not in _NOT_RECORDED},
                 recorded_at_ms=recorded,
                 body=p.body if self.journal_bodies else None,
-                key=p.key,
+                key=key,
                 on_conflict=p.on_conflict,
             )
             lines.append(encode_record(record))
@@ -505,6 +532,7 @@ class PublisherCore:
             encoded_properties=encode_properties(properties),
             journal_records=len(lines),
             marker=marker,
+            own_records=tuple(keyed) if answers else (),
         )
 
     @staticmethod

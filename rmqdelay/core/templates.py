@@ -9,7 +9,15 @@ from __future__ import annotations
 import os
 from typing import Any, cast
 
-from .messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, MessageProperties, amqp_properties
+from .messages import (
+    ATTEMPT,
+    CARRIED,
+    DESTINATION,
+    DUE_AT,
+    KEY,
+    MessageProperties,
+    amqp_properties,
+)
 from .wire import SHORTSTR_MAX, encode_properties
 
 __all__ = ["REMEMBERED", "PropertyTemplates", "new_message_id", "plain_carried"]
@@ -37,6 +45,8 @@ _DUE_MARK = 0x7E7E_7E7E_7E7E_7E7E
 _DUE_BYTES = b"l" + _DUE_MARK.to_bytes(8, "big")
 _LONG_DUE = 2**31  # due times from here on are encoded as 64-bit ints ("l")
 _ID_LENGTH = bytes((36,))  # of the ids new_message_id() makes
+_KEY_MARK = "\x01rmqdelay-key\x02"
+_KEY_MARK_MIN = 6  # a shorter key is encoded in full: its mark could be anywhere
 
 
 class PropertyTemplates:
@@ -52,6 +62,7 @@ class PropertyTemplates:
     def __init__(self) -> None:
         self._templates: dict[tuple[object, ...], tuple[bytes, bytes, bytes] | None] = {}
         self._plain: dict[tuple[str, str], tuple[bytes, bytes, bytes] | None] = {}
+        self._keyed: dict[tuple[object, ...], tuple[bytes, bytes, bytes, bytes] | None] = {}
 
     def encode(
         self,
@@ -78,6 +89,16 @@ class PropertyTemplates:
                 template = self._template(destination, headers, carried)
                 if len(self._templates) < REMEMBERED:
                     self._templates[key] = template
+        elif (
+            len(headers) == 2
+            and type(attempt) is int
+            and type(headers.get(KEY)) is str
+            and due_ms >= _LONG_DUE
+            and message_id.isascii()
+            and len(message_id) <= SHORTSTR_MAX
+            and all(v is None or type(v) is str for v in carried.values())
+        ):
+            return self._keyed_bytes(message_id, headers, carried, due_ms, destination)
         if template is None:
             sent = {**headers, DUE_AT: due_ms, DESTINATION: destination}
             return encode_properties(amqp_properties(message_id, sent, carried))
@@ -87,6 +108,41 @@ class PropertyTemplates:
                 head,
                 due_ms.to_bytes(8, "big"),
                 middle,
+                bytes((len(message_id),)),
+                message_id.encode(),
+                tail,
+            )
+        )
+
+    def _keyed_bytes(
+        self,
+        message_id: str,
+        headers: dict[str, Any],
+        carried: MessageProperties,
+        due_ms: int,
+        destination: str,
+    ) -> bytes:
+        """:meth:`encode` of a keyed message (the attempt and ``rmqdelay-key`` as its
+        headers): a template per length of the key, with the key cut out too."""
+        key = str(headers[KEY]).encode()
+        index = (destination, headers[ATTEMPT], len(key), *carried.values())
+        if index in self._keyed:
+            template = self._keyed[index]
+        else:
+            template = self._keyed_template(destination, headers, carried, len(key))
+            if len(self._keyed) < REMEMBERED:
+                self._keyed[index] = template
+        if template is None:
+            sent = {**headers, DUE_AT: due_ms, DESTINATION: destination}
+            return encode_properties(amqp_properties(message_id, sent, carried))
+        head, after_key, after_due, tail = template
+        return b"".join(
+            (
+                head,
+                key,
+                after_key,
+                due_ms.to_bytes(8, "big"),
+                after_due,
                 bytes((len(message_id),)),
                 message_id.encode(),
                 tail,
@@ -110,6 +166,37 @@ class PropertyTemplates:
         head, middle, tail = template
         return b"".join(
             (head, due_ms.to_bytes(8, "big"), middle, _ID_LENGTH, message_id.encode(), tail)
+        )
+
+    @staticmethod
+    def _keyed_template(
+        destination: str, headers: dict[str, Any], carried: MessageProperties, length: int
+    ) -> tuple[bytes, bytes, bytes, bytes] | None:
+        """The bytes around the key, the due time and the id; None for a key too short
+        to mark unambiguously, or any doubt."""
+        if length < _KEY_MARK_MIN:
+            return None
+        mark = (_KEY_MARK * (length // len(_KEY_MARK) + 1))[:length]
+        sent = {**headers, KEY: mark, DUE_AT: _DUE_MARK, DESTINATION: destination}
+        whole = encode_properties(amqp_properties(_ID_MARK, sent, carried))
+        mark_bytes = mark.encode()
+        marked_id = bytes((len(_ID_MARK),)) + _ID_MARK.encode()
+        if (
+            whole.count(mark_bytes) != 1
+            or whole.count(_DUE_BYTES) != 1
+            or whole.count(marked_id) != 1
+        ):
+            return None
+        key_at = whole.index(mark_bytes)
+        due_at = whole.index(_DUE_BYTES) + 1
+        id_at = whole.index(marked_id)
+        if not key_at + length <= due_at - 1 < id_at:
+            return None
+        return (
+            whole[:key_at],
+            whole[key_at + length : due_at],
+            whole[due_at + 8 : id_at],
+            whole[id_at + len(marked_id) :],
         )
 
     @staticmethod

@@ -5,11 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rmqdelay import ConfigurationError, InvalidMessageError, PublishError, Settings
 from rmqdelay.core.journal import JournalRecord, encode_records
 from rmqdelay.core.key_flows import KeyFollower, keyed_line
-from rmqdelay.core.messages import KEY
+from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, KEY, amqp_properties
+from rmqdelay.core.templates import PropertyTemplates, plain_carried
+from rmqdelay.core.wire import encode_properties
 from rmqdelay.testing import InMemoryPublisher
 
 
@@ -163,3 +167,21 @@ def test_cancel_by_key_frees_the_key() -> None:
     again = publisher.publish("jobs", b"2", delay="10m", key="k", on_conflict="ignore")
     assert (again.outcome, again.generation) == ("scheduled", 2)
     assert publisher.list_scheduled(key="k") == [publisher.journal[-1]]
+
+
+@given(
+    key=st.text(min_size=1, max_size=80),
+    attempt=st.integers(1, 5),
+    message_id=st.text(min_size=1, max_size=40),
+    due=st.integers(2**31, 2**45),
+)
+def test_a_keyed_template_gives_the_same_bytes(
+    key: str, attempt: int, message_id: str, due: int
+) -> None:
+    templates = PropertyTemplates()
+    headers = {ATTEMPT: attempt, KEY: key}
+    carried = plain_carried("application/json")
+    sent = {**headers, DUE_AT: due, DESTINATION: "jobs"}
+    want = encode_properties(amqp_properties(message_id, sent, carried))
+    for _ in range(2):  # the template made, then used
+        assert templates.encode(message_id, headers, carried, due, "jobs") == want
