@@ -189,9 +189,12 @@ class Publisher(
             return read_stream(reader, step)
         if isinstance(step, Follow):
             if self._follower is None:
-                self._follower = BlockingFollower(
-                    lambda: connect_blocking(self.settings, "keys", last=self._try_last)
-                )
+                if self._owns_connection:
+                    self._follower = BlockingFollower(self._live_connection, shared=True)
+                else:  # a connection given: the follower's channel must not close it
+                    self._follower = BlockingFollower(
+                        lambda: connect_blocking(self.settings, "keys", last=self._try_last)
+                    )
             return self._follower.follow(step)
         return self._send(step.batch)
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from ..errors import JournalError
+from .clock import now_ms
 from .journal import JournalRecord, decode_record
 from .journal_steps import Follow
 from .keys import Generation, KeyBook, Loser
@@ -29,6 +30,7 @@ __all__ = ["KeyFollower", "key_answer", "keyed_line", "read_back"]
 _SCHEDULED = b'"k":"scheduled"'
 _KEYED = b'"key":'
 _MARKER = b'"k":"marker"'
+EXPIRE_EVERY_MS = 60_000
 
 
 def keyed_line(line: bytes) -> bool:
@@ -55,6 +57,14 @@ class KeyFollower:
     """Markers of journal writes sent and not read back yet, with their keyed records."""
     seen: set[str] = field(default_factory=set)
     """Markers read back and not yet claimed by the publish that waits for them."""
+    expired_at_ms: int = 0
+    """When the fold last forgot what can no longer matter (a publisher lives long)."""
+
+    def tidy(self, now_ms: int) -> None:
+        """Forget keys long due, at most once every :data:`EXPIRE_EVERY_MS`."""
+        if now_ms - self.expired_at_ms >= EXPIRE_EVERY_MS:
+            self.expired_at_ms = now_ms
+            self.book.expire(now_ms)
 
     def take(self, offset: int, body: bytes) -> None:
         if self.next_offset is not None and offset < self.next_offset:
@@ -149,6 +159,7 @@ def read_back(
                 )
     finally:
         follower.forget(markers)
+    follower.tidy(now_ms())
 
 
 def key_answer(book: KeyBook, prepared: Prepared, result: PublishResult) -> PublishResult:
