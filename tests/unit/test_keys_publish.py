@@ -9,9 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rmqdelay import ConfigurationError, InvalidMessageError, PublishError, Settings
+from rmqdelay.core import clock
 from rmqdelay.core.journal import JournalRecord, encode_records
 from rmqdelay.core.key_flows import KeyFollower, keyed_line
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, KEY, amqp_properties
+from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.templates import PropertyTemplates, plain_carried
 from rmqdelay.core.wire import encode_properties
 from rmqdelay.testing import InMemoryPublisher
@@ -185,3 +187,21 @@ def test_a_keyed_template_gives_the_same_bytes(
     want = encode_properties(amqp_properties(message_id, sent, carried))
     for _ in range(2):  # the template made, then used
         assert templates.encode(message_id, headers, carried, due, "jobs") == want
+
+
+@pytest.mark.parametrize("body", [b"bytes", "text", {"json": 1}])
+def test_the_keyed_fast_path_prepares_what_the_general_one_does(body: object) -> None:
+    core = PublisherCore(Settings().layout)
+    now = clock.now_us()
+    fast = core.prepare("jobs", body, delay="1m", key="order-42", on_conflict="ignore", now=now)
+    slow = core.prepare(
+        "jobs",
+        body,
+        delay="1m",
+        key="order-42",
+        on_conflict="ignore",
+        now=now,
+        headers={},
+        message_id=fast.message_id,
+    )
+    assert fast == slow
