@@ -16,6 +16,7 @@ import pytest
 from rmqdelay import AsyncPublisher, ConfigurationError, InvalidMessageError, Publisher
 from rmqdelay.core.journal_flows import read
 from rmqdelay.core.messages import KEY
+from tests.helpers.cli import run_cli, settings_env
 from tests.helpers.worker_helpers import TestTopology
 
 
@@ -172,3 +173,43 @@ def test_reschedule_earlier_sends_a_fresh_copy_later_only_a_record(
         assert got == (first.message_id, key, b"body")
     finally:
         connection.close()
+
+
+def test_async_a_lost_follower_channel_reads_on(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keyalost")
+    settings = shared_topology.settings([dest])
+    key = _key(shared_topology, "alost")
+
+    async def main() -> None:
+        async with AsyncPublisher(settings) as publisher:
+            first = await publisher.publish(dest, b"1", delay="1m", key=key, on_conflict="ignore")
+            follower = publisher._follower
+            assert follower is not None and follower._channel is not None
+            await follower._channel.close()  # as a channel error would
+            second = await publisher.publish(dest, b"2", delay="1m", key=key, on_conflict="ignore")
+            assert (second.outcome, second.message_id) == ("ignored", first.message_id)
+            # a key cancelled is free again, from the same publisher's fold
+            await publisher.cancel(keys=[key])
+            third = await publisher.publish(dest, b"3", delay="1m", key=key, on_conflict="ignore")
+            assert (third.outcome, third.generation) == ("scheduled", 2)
+
+    asyncio.run(main())
+
+
+def test_cli_publish_with_a_key(shared_topology: TestTopology) -> None:
+    dest = shared_topology.dest("keycli")
+    env = settings_env(shared_topology.settings([dest]))
+    key = _key(shared_topology, "cli")
+    args = ["publish", dest, "hi", "--delay", "10m", "--key", key, "--on-conflict", "ignore"]
+    first = run_cli(env, *args)
+    second = run_cli(env, *args)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert f"key {key} generation 1 scheduled" in first.stdout
+    assert f"key {key} generation 1 ignored" in second.stdout
+    assert second.stdout.split()[0] == first.stdout.split()[0]  # the pending message's id
+    moved = run_cli(env, "reschedule", key, "--in", "20m", "--json")
+    assert moved.returncode == 0 and '"outcome":"rescheduled"' in moved.stdout
+    listed = run_cli(env, "scheduled", "list", "--key", key, "--json")
+    assert f'"key":"{key}","generation":1' in listed.stdout
+    off = run_cli(settings_env(shared_topology.settings([dest]), schedule_journal="false"), *args)
+    assert off.returncode == 1 and "needs the schedule journal" in off.stderr
