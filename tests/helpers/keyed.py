@@ -17,7 +17,6 @@ from rmqdelay import AsyncPublisher, Settings
 from rmqdelay.amqp.journal import run_journal_async
 from rmqdelay.core import journal_flows
 from rmqdelay.core.clock import datetime_of_ms, now_ms
-from rmqdelay.core.journal import JournalRecord
 from rmqdelay.core.keys import KeyBook
 
 Mode = Literal["ignore", "replace"]
@@ -29,12 +28,6 @@ class Sent:
     key: str
     due_ms: int
     recorded_at_ms: int
-
-
-async def append(
-    connection: aio_pika.abc.AbstractConnection, settings: Settings, records: list[JournalRecord]
-) -> None:
-    await run_journal_async(journal_flows.append(settings.layout, records), connection)
 
 
 async def publish_keyed(
