@@ -112,7 +112,7 @@ def measure(url: str, many: int, single: int, repeats: int) -> dict[str, Any]:
                 _say("publish", out["single"])
     finally:
         with TopologyManager(settings) as manager:
-            manager.destroy(force=True)
+            manager.destroy([DEST], force=True)
     return out
 
 
