@@ -108,9 +108,10 @@ class RecurringHook(WorkerHook):
                 extra=delivery.fields,
             )
             return Admission("drop", f"recurring {decision.reason}")
-        if self._long_recorded(following):
-            # its record is older than the keys fold keeps: a resend would be a new
-            # generation, handled again; the first publish of it went out long ago
+        if self._published_long_ago(following):
+            # the chain went past it long ago (a redelivery after a crash, a replayed
+            # parked occurrence): published again it would be a new generation of its
+            # key, and fork the chain from the past
             log.info(
                 "recurring schedule %r: the next occurrence (%d) was published long ago; not again",
                 name,
@@ -123,12 +124,16 @@ class RecurringHook(WorkerHook):
             return Admission("drop", "recurring paused")
         return Admission("handle")
 
-    def _long_recorded(self, following: Occurrence) -> bool:
+    def _published_long_ago(self, following: Occurrence) -> bool:
+        """Whether the journal shows the chain at or past ``following`` and that is due
+        longer ago than the keys fold keeps it. A recent one is published again: the
+        same id and due time, a copy the keys fold drops once one is handled."""
         known = self.book.schedules.get(following.name)
         return (
             known is not None
             and known.chain == following.chain
-            and following.at_ms in known.occurrences
+            and bool(known.occurrences)
+            and max(known.occurrences) >= following.at_ms
             and following.at_ms < now_ms() - CANCEL_MARGIN_MS
         )
 

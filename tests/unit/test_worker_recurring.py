@@ -132,6 +132,16 @@ def test_an_occurrence_published_long_ago_is_not_published_again() -> None:
     publisher = Publisher()
     assert _admit(hook, _delivery(occurrence), publisher) == Admission("handle")
     assert publisher.sent == []
+    # a parked occurrence from long ago, replayed: the chain went on since, no fork
+    older = Occurrence("tick", occurrence.at_ms - 20_000, RULE, "100-x")
+    assert _admit(hook, _delivery(older), publisher) == Admission("handle")
+    assert publisher.sent == []
+    # the chain's last occurrence, late after a long stop: the next one goes out (catch-up)
+    latest = following
+    assert _admit(hook, _delivery(latest), publisher) == Admission("handle")
+    assert [options["key"] for _, _, options in publisher.sent] == [
+        f"recurring:tick@{latest.at_ms + 2000}"
+    ]
 
 
 def test_broken_chain_headers_are_handled_as_a_plain_message(
