@@ -183,3 +183,45 @@ def test_the_command_line(shared_topology: TestTopology) -> None:
     assert code == 1 and f"{name}: unknown" in said, said
     code, said = cli("recurring", "add", name, "x", "-d", dest, "--cron", "99 * * * *")
     assert code == 2 and "5 fields" in said, said
+
+
+async def test_a_failing_occurrence_is_retried_and_parked_and_the_chain_goes_on(
+    shared_topology: TestTopology,
+) -> None:
+    from rmqdelay import Backoff
+    from tests.helpers.worker_helpers import parking_queue, queue_depth
+
+    case = shared_topology.worker("recur-fail")
+    dest, settings, app, calls = case
+    name = shared_topology.dest("flaky")
+    failing: set[int] = set()
+
+    @app.handler(dest, max_attempts=2, backoff=Backoff.constant("300ms"))
+    async def handle(msg: object, ctx: Context) -> None:
+        calls.record(msg, ctx)
+        at = int(ctx.headers[OCCURRENCE])
+        if not failing:
+            failing.add(at)  # the chain's first occurrence fails, every attempt
+        if at in failing:
+            raise RuntimeError("this one fails")
+
+    def of(failed: bool) -> list[int]:
+        return [
+            int(c.headers[OCCURRENCE])
+            for c in calls.items
+            if (int(c.headers[OCCURRENCE]) in failing) == failed
+        ]
+
+    async with case.running(concurrency=2), AsyncPublisher(settings) as publisher:
+        added = await publisher.add_recurring(name, dest, b"x", every="1s")
+        assert added.next_ms is not None
+        await wait_until(lambda: len(of(False)) >= 3, 20, "three occurrences after the failing one")
+        await wait_until(lambda: len(of(True)) >= 2, 20, "the failing occurrence's two attempts")
+        assert (await publisher.remove_recurring(name)).outcome == "removed"
+        await asyncio.sleep(0.5)
+    assert failing == {added.next_ms}
+    attempts = [c.attempt for c in calls.items if int(c.headers[OCCURRENCE]) == added.next_ms]
+    assert attempts == [1, 2]
+    ok = sorted(int(c.headers[OCCURRENCE]) for c in calls.items if c.attempt == 1)
+    assert ok[:4] == [added.next_ms + 1000 * i for i in range(4)]  # the chain went on
+    assert await queue_depth(settings, parking_queue(settings)) == 1
