@@ -261,19 +261,28 @@ def test_at_most_one_handled_per_generation_however_copies_race(publishes, deliv
     cut=st.integers(0, 30),
 )
 def test_reading_a_stretch_twice_changes_nothing(steps, cut) -> None:  # type: ignore[no-untyped-def]
-    """A reader restarting from a timestamp sees some records again: same decisions."""
+    """A reader restarting from a timestamp sees some records again: same decisions.
+
+    Records keep the journal's causality: a cancel, ``done`` or retry names an id
+    published before it (a worker writes ``done`` only after reading the id's record).
+    """
     records: list[JournalRecord] = []
+    published: list[tuple[str, str]] = []
     for i, (what, key, delay) in enumerate(steps):
         at = 100 * i
-        target = f"m{max(0, i - 1)}"
         if what in ("ignore", "replace"):
             records.append(keyed(f"m{i}", at + delay, at, key=f"k{key}", mode=what))
-        elif what == "cancel":
+            published.append((f"m{i}", f"k{key}"))
+            continue
+        if not published:
+            continue
+        target, target_key = published[key % len(published)]
+        if what == "cancel":
             records.append(JournalRecord("cancelled", target, "dest", at + delay))
         elif what == "done":
-            records.append(done(target, at, key=f"k{key}"))
+            records.append(done(target, at, key=target_key))
         else:
-            records.append(keyed(target, at + delay, at, key=f"k{key}", mode=None, attempt=2))
+            records.append(keyed(target, at + delay, at, key=target_key, mode=None, attempt=2))
     once = KeyBook().extend(records)
     twice = copy.deepcopy(once).extend(records[min(cut, len(records)) :])
     assert twice == once
