@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rmqdelay import AsyncPublisher, Context, Worker
+from rmqdelay import AsyncPublisher, Backoff, Context, Retry, Worker
 from rmqdelay.core import clock
 from rmqdelay.core.clock import datetime_of_ms, ms_of_datetime, now_ms
 from rmqdelay.worker import Delivery, Settled, WorkerHook
@@ -268,3 +268,31 @@ async def test_a_publisher_clock_ahead_of_the_pending_due_time_starts_a_new_gene
         await wait_until(lambda: len(handled) >= 2, 15, "two handled")
         await asyncio.sleep(0.5)
     assert sorted(m for m, _, _, _ in handled.calls) == sorted([ids[0], ids[1]])
+
+
+async def test_a_keyed_message_that_fails_is_retried_and_handled_once(
+    shared_topology: TestTopology,
+) -> None:
+    """A retry is a copy of the same generation, due later: it is claimed afresh and
+    handled, and its ``done`` ends the generation (a resend of it is then dropped)."""
+    case = shared_topology.worker("retried", options={})
+    dest, settings, app, _ = case
+    attempts: list[int] = []
+
+    @app.handler(dest, max_attempts=3, backoff=Backoff.constant("300ms"))
+    async def handle(msg: Any, ctx: Context) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise Retry(reason="not yet")
+
+    key = f"{shared_topology.prefix}-retried"
+    async with case.running(concurrency=2) as publisher:
+        sent = await publish_keyed(
+            publisher, dest, {"n": 1}, key=key, mode="ignore", due_ms=now_ms() + 500
+        )
+        await wait_until(lambda: len(attempts) >= 2, 15, "two attempts")
+        await asyncio.sleep(1.0)
+    assert attempts == [1, 2]
+    book = await read_book(settings)
+    generation = book.generations[key][-1]
+    assert generation.message_id == sent.message_id and generation.done
