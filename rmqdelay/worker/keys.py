@@ -168,14 +168,15 @@ class KeyFilter(WorkerHook):
                     )
                     return Admission("requeue", "claim not read back")
                 continue
+            unrecorded = verdict.reason == "unrecorded"
+            if unrecorded and self._out_of_reach(delivery):
+                log.warning(
+                    "a keyed message whose record may be older than the journal this worker "
+                    "read: handled without a claim (at least once)",
+                    extra={**delivery.fields, "key": key},
+                )
+                return Admission("handle", "record out of reach")
             if verdict.action == "wait":
-                if self._out_of_reach(delivery):
-                    log.warning(
-                        "a keyed message whose record is older than the journal this worker "
-                        "read: handled without a claim (at least once)",
-                        extra={**delivery.fields, "key": key},
-                    )
-                    return Admission("handle", "record out of reach")
                 await self._next_record()
                 continue
             return _admission(verdict)
@@ -188,8 +189,9 @@ class KeyFilter(WorkerHook):
         return verdict.generation.due_ms if verdict.generation is not None else 0
 
     def _out_of_reach(self, delivery: Delivery) -> bool:
-        """Whether the delivery's record may precede what the tail read (it was due
-        more than ``max_delay`` after the tail's start, so written before it)."""
+        """Whether the delivery's record may precede what the tail read: it was due
+        before this worker read the journal, so written up to ``max_delay`` before, and
+        the tail starts ``max_delay`` back. Dropping it as unrecorded could lose it."""
         due = delivery.due_ms
         return due is not None and due - self.layout.max_delay_ms < self._since_ms
 
