@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .core.parking import ParkedMessage
     from .core.plan import DelayPlan, plan_delay
     from .core.protocols import AsyncPublisherProtocol, PublisherProtocol
+    from .core.recurring import RecurringResult, RecurringSchedule
     from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
     from .core.topology import Topology, build_topology
     from .errors import (
@@ -78,6 +79,8 @@ __all__ = [
     "PublisherClosedError",
     "PublisherProtocol",
     "RecurringError",
+    "RecurringResult",
+    "RecurringSchedule",
     "Requeue",
     "Retry",
     "RetryPolicy",
@@ -119,6 +122,8 @@ _WHERE: dict[str, str] = {
     "plan_delay": ".core.plan",
     "AsyncPublisherProtocol": ".core.protocols",
     "PublisherProtocol": ".core.protocols",
+    "RecurringResult": ".core.recurring",
+    "RecurringSchedule": ".core.recurring",
     **dict.fromkeys(
         ("Backoff", "DecodeError", "Park", "Requeue", "Retry", "RetryPolicy"), ".core.retry"
     ),
