@@ -47,6 +47,17 @@ def _parse_headers(pairs: Sequence[str]) -> dict[str, str]:
     return headers
 
 
+def read_body(body: str, as_json: bool) -> Any:
+    """The body argument (``-``: standard input), parsed when ``--json`` says it is JSON."""
+    text = sys.stdin.read() if body == "-" else body
+    if not as_json:
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
+
+
 def _parse_at(text: str) -> datetime:
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -121,13 +132,7 @@ def publish(
         duration_us(delay, "--delay")
     due_at = _parse_at(at) if at is not None else None
     headers = _parse_headers(header)
-    text = sys.stdin.read() if body == "-" else body
-    payload: Any = text
-    if as_json:
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
+    payload = read_body(body, as_json)
     settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 

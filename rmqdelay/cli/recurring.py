@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +20,7 @@ from .options import (
     settings_from,
     usage_error,
 )
-from .publish import _parse_at, _parse_headers
+from .publish import _parse_at, _parse_headers, read_body
 
 if TYPE_CHECKING:
     from ..core.recurring import RecurringResult
@@ -105,13 +104,7 @@ def add(
         raise usage_error(str(exc)) from None
     start = _parse_at(first_at) if first_at is not None else None
     headers = _parse_headers(header)
-    text = sys.stdin.read() if body == "-" else body
-    payload: Any = text
-    if as_json:
-        try:
-            payload = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
+    payload = read_body(body, as_json)
     settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 

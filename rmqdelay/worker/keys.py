@@ -29,6 +29,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable
+from typing import Literal
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
@@ -208,8 +209,24 @@ class KeyFilter(WorkerHook):
             raise JournalError("not connected")
         read_back = asyncio.get_running_loop().create_future()
         self._claims[claim_id] = read_back
-        record = JournalRecord(
-            "claimed",
+        record = self._record("claimed", delivery, key, copy_ms, claim_id)
+        try:
+            await writer.write([record])
+            await asyncio.wait_for(asyncio.shield(read_back), self.timeout)
+        finally:
+            self._claims.pop(claim_id, None)
+
+    def _record(
+        self,
+        kind: Literal["claimed", "done"],
+        delivery: Delivery,
+        key: str,
+        copy_ms: int,
+        claim_id: str = "",
+    ) -> JournalRecord:
+        """This worker's ``claimed`` or ``done`` record of a delivery's copy."""
+        return JournalRecord(
+            kind,
             delivery.message_id,
             delivery.destination,
             copy_ms,
@@ -219,27 +236,13 @@ class KeyFilter(WorkerHook):
             worker=self.me,
             claim_id=claim_id,
         )
-        try:
-            await writer.write([record])
-            await asyncio.wait_for(asyncio.shield(read_back), self.timeout)
-        finally:
-            self._claims.pop(claim_id, None)
 
     async def _done(self, delivery: Delivery, key: str, copy_ms: int) -> None:
         """The handler returned: every later copy of this generation is a duplicate."""
         writer = self._writer
         if writer is None:
             raise JournalError("not connected: no done record written")
-        record = JournalRecord(
-            "done",
-            delivery.message_id,
-            delivery.destination,
-            copy_ms,
-            delivery.attempt,
-            recorded_at_ms=now_ms(),
-            key=key,
-            worker=self.me,
-        )
+        record = self._record("done", delivery, key, copy_ms)
         await writer.write([record])
 
 
