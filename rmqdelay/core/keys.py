@@ -246,6 +246,11 @@ class KeyBook:
             return "handled"
         return "scheduled" if entry.due_ms > now_ms else "due"
 
+    def pending_keys(self, now_ms: int) -> int:
+        """How many keys a pending message holds now (the ``rmqdelay_keys_pending`` gauge;
+        safe to call from a metrics thread while the fold goes on)."""
+        return sum(1 for history in list(self.generations.values()) if history[-1].pending(now_ms))
+
     def hides(self, message_id: str) -> bool:
         """Whether the id's copies will never be handled: it lost to a pending message with
         its key (``ignore``), or a ``replace`` took its place."""

@@ -44,6 +44,7 @@ from ..errors import JournalError
 from .cancel import CancelFilter
 from .delivery import Delivery
 from .hooks import Admission, WorkerHook
+from .metrics import KEYS_PENDING
 
 __all__ = ["KEY", "KeyFilter", "KeysUnseen"]
 
@@ -79,6 +80,8 @@ class KeyFilter(WorkerHook):
         self._since_ms = 0
         """Where the tail began reading: records before it were never read."""
         cancels.follow(self)
+        book = self.book
+        KEYS_PENDING.set_function(lambda: book.pending_keys(now_ms()))
 
     # ------------------------------------------------------------------ the fold
 

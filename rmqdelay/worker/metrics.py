@@ -19,6 +19,7 @@ __all__ = [
     "CONSUMER_TIMEOUTS",
     "HANDLED",
     "HANDLER_SECONDS",
+    "KEYS_PENDING",
     "KEY_DROPS",
     "LATENESS",
     "PARKED",
@@ -168,6 +169,11 @@ def refresh_queue_gauges(
     return thread
 
 
+KEYS_PENDING = Gauge(
+    "rmqdelay_keys_pending",
+    "Keys a pending message holds, as the worker's journal tail has read them (keyed "
+    "publishes: one message per key and generation).",
+)
 RECURRING_SCHEDULES = Gauge(
     "rmqdelay_recurring_schedules",
     "Recurring schedules by state (active, paused), as the worker's journal tail has "

@@ -144,3 +144,16 @@ def test_an_old_copy_of_a_moved_message_is_forwarded_or_dropped() -> None:
     )
     assert _admit(keys, _delivery("m", due + 5000, None)) is None  # the new copy
     assert _admit(keys, _delivery("n", due, None)) == Admission("drop", "rescheduled")
+
+
+def test_the_keys_pending_gauge_counts_keys_a_pending_message_holds() -> None:
+    from prometheus_client import REGISTRY
+
+    keys, _ = _filter()
+    now = now_ms()
+    keys.add(_scheduled("a", now + 60_000, "held"))
+    keys.add(_scheduled("b", now + 60_000, "held"))  # ignored: the key counts once
+    keys.add(_scheduled("c", now - 1_000, "due"))  # due already: holds nothing
+    assert REGISTRY.get_sample_value("rmqdelay_keys_pending") == 1
+    keys.add(JournalRecord("cancelled", "a", "d", now + 60_000))
+    assert REGISTRY.get_sample_value("rmqdelay_keys_pending") == 0
