@@ -306,3 +306,52 @@ async def test_issue_17_every_copy_is_listed_and_a_cancel_stops_each_in_the_work
     assert gone.due_at_ms != kept.due_at_ms
     assert await queue_depth(settings, work_queue(settings, dest)) == 0
     assert await queue_depth(settings, parking_queue(settings)) == 0
+
+
+class _FailsOnce(Recording):
+    """Its handler raises on the first attempt only: the message then waits for its retry."""
+
+    def __init__(self, settings: Settings, dest: str, **options: Any) -> None:
+        super().__init__(settings, dest)
+        self.app = Worker(settings)
+
+        @self.app.handler(dest, **options)
+        async def handle(msg: dict[str, Any], ctx: Context) -> None:
+            self.calls.record(msg, ctx)
+            if ctx.attempt == 1:
+                raise ConnectionError("downstream unavailable")
+
+
+@pytest.mark.parametrize(("wait", "moved_to"), [("1s", 4.0), ("6s", 1.5)])
+async def test_a_message_in_its_retry_wait_is_rescheduled(
+    shared_topology: TestTopology, wait: str, moved_to: float
+) -> None:
+    """Later (a record: the worker forwards the retry's copy) and earlier (a fresh copy
+    from the body the worker's retry record holds): attempt 2 runs once, at the new
+    time, never at the retry's own."""
+    dest = shared_topology.dest(DEST)
+    settings = shared_topology.settings([dest]).model_copy(update={"journal_bodies": True})
+    worker = _FailsOnce(settings, dest, max_attempts=3, backoff=Backoff.schedule([wait]))
+    calls = worker.calls
+    async with AsyncPublisher(settings) as publisher, worker.app.running(concurrency=2):
+        sent = await publisher.publish(dest, {"n": 1}, delay=0)
+        await wait_until(lambda: len(calls) >= 1, 10, "the first attempt")
+        deadline = time.monotonic() + 5
+        while not (waiting := await publisher.list_scheduled(destination=dest)):
+            assert time.monotonic() < deadline, "the retry was never scheduled"
+            await asyncio.sleep(0.05)
+        [retry] = waiting
+        assert (retry.message_id, retry.attempt) == (sent.message_id, 2)
+        result = await publisher.reschedule(sent.message_id, delay=f"{moved_to}s")
+        assert result.outcome == "rescheduled", result
+        assert result.previous_due_ms == retry.due_at_ms
+        assert result.fresh_copy == (result.due_at_ms < retry.due_at_ms)  # type: ignore[operator]
+        new_due = result.due_at_ms
+        assert new_due is not None
+        last = max(new_due, retry.due_at_ms) / 1000 + 1.5
+        while time.time() < last:  # past both due times, and some
+            await asyncio.sleep(0.1)
+    assert [c.attempt for c in calls.items] == [1, 2]
+    second = calls.items[1]
+    assert second.due_at is not None and second.at * 1000 >= new_due
+    assert second.at * 1000 < new_due + 1000  # at its new time, not at the old one
