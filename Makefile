@@ -88,7 +88,7 @@ lint: venv
 
 test: venv lint broker
 	@$(WITH_BROKER) \
-	rc=0; $(VENV)/bin/pytest -q --cov --cov-report=term $(COV_FLOOR) $(PYTEST_ARGS) || rc=$$?; \
+	rc=0; $(VENV)/bin/pytest -q --durations=15 --cov --cov-report=term $(COV_FLOOR) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc
 
@@ -105,7 +105,7 @@ define CHROOT_SUITE
 $(PY) scripts/broker.py $(1) start > /dev/null; \
 rc=0; RMQDELAY_URL=amqp://guest:guest@127.0.0.1:$(2)/%2F \
 	RMQDELAY_MANAGEMENT_URL=http://127.0.0.1:$$(($(2) + 10000)) \
-	$(VENV)/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) || rc=$$?; \
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=15 $(PYTEST_ARGS) || rc=$$?; \
 if [ $$up = 0 ]; then $(PY) scripts/broker.py $(1) stop || rc=1; \
 else echo "test-$(1): the node was running before: left running ($(1)-stop stops it)"; fi; \
 if [ $$rc -eq 5 ]; then echo "test-$(1): pytest collected no tests (exit 5); that is a failure" >&2; fi; \
