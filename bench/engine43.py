@@ -333,15 +333,20 @@ def main(argv: list[str] | None = None) -> int:
     if "skipped" in results:
         print(f"bench.engine43 skipped: {results['skipped']}", flush=True)
         return 0
-    document = {
+    parameters = {**vars(args), "url": mask_url(url), "out": str(args.out)}
+    document = {  # the suite's shape (bench.suite.Suite.write), so bench.keys reads it
+        "workload": "engine43",
+        "generated_at_ms": now_ms(),
         "when": datetime.now(timezone.utc).isoformat(),
+        "command": ["python", "-m", "bench.engine43", *(argv or sys.argv[1:])],
         "machine": machine_info(),
+        "broker": results.pop("broker"),
         "load_before": load,
-        "parameters": {**vars(args), "url": mask_url(url), "out": str(args.out)},
-        **results,
+        "params": parameters,
+        "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=2, default=str) + "\n")
+    args.out.write_text(json.dumps(document, indent=1, default=str) + "\n")
     for label, by_design in results["medians"].items():
         for design, m in by_design.items():
             print(f"{label:>12} {design:>9}: {json.dumps(m)}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("publish", "startup", "e2e", "radix", "peers", "seeds", "scale")
+WORKLOADS = ("publish", "startup", "e2e", "radix", "peers", "seeds", "scale", "engine43")
 Figure = dict[str, Any]
 Figures = dict[str, Figure]
 
@@ -261,6 +261,66 @@ def from_scale(r: dict[str, Any]) -> Figures:
     return out
 
 
+def _ratio(value: Any, to: Any) -> float | None:
+    if not isinstance(value, (int, float)) or not isinstance(to, (int, float)) or not to:
+        return None
+    return round(value / to, 3)
+
+
+def from_engine43(doc: dict[str, Any]) -> Figures:
+    """``engine43.r250.deferred.p99`` (ratio to the tiers' in the same run),
+    ``engine43.r250.deferred.sched.p99`` (at the scheduler: no forward hop),
+    ``engine43.r250.tiers.cpu.broker``, ``engine43.memory.deferred.erlang``,
+    ``engine43.restart.deferred.missing``..."""
+    r, params = doc["results"], doc["params"]
+    medians = r.get("medians", {})
+    load = _get(doc, "load_before", "loadavg") or ["?"]
+    where = f"RabbitMQ {_get(doc, 'broker', 'version')}, load {load[0]} before it"
+    out: Figures = {
+        "engine43": fig(None, text=where),
+        "engine43.repeats": fig(params.get("repeats")),
+        "engine43.duration": fig(params.get("duration"), "s"),
+    }
+    for label, by_design in medians.items():
+        if not label.startswith("load."):
+            continue
+        rate = label.removeprefix("load.")
+        tiers = by_design.get("tiers", {})
+        for design, m in by_design.items():
+            key = f"engine43.{rate}.{design}"
+            ref = tiers if design != "tiers" else {}
+            for q in ("p50", "p99", "max"):
+                out[f"{key}.{q}"] = fig(
+                    m.get(f"{q}_ms"), "ms", ratio=_ratio(m.get(f"{q}_ms"), ref.get(f"{q}_ms"))
+                )
+            for part in ("broker", "worker", "scheduler"):
+                value = m.get(f"{part}_cpu_ms_per_msg")
+                ratio = _ratio(value, ref.get(f"{part}_cpu_ms_per_msg"))
+                out[f"{key}.cpu.{part}"] = fig(value, "ms/msg", ratio=ratio)
+            out[f"{key}.early"] = fig(m.get("early"))
+            out[f"{key}.missing"] = fig(m.get("missing"))
+            sched = m.get("at_scheduler") or {}
+            for q in ("p50", "p99", "max"):
+                if sched:
+                    out[f"{key}.sched.{q}"] = fig(sched.get(f"{q}_ms"), "ms")
+    for design, m in (medians.get("memory") or {}).items():
+        key = f"engine43.memory.{design}"
+        out[f"{key}.waiting"] = fig(m.get("waiting"), "messages")
+        out[f"{key}.erlang"] = fig(m.get("erlang_bytes_per_msg"), "B/msg")
+        out[f"{key}.rss"] = fig(m.get("rss_bytes_per_msg"), "B/msg")
+        out[f"{key}.publish"] = fig(m.get("publish_per_s"), "msgs/s")
+        if "deferred_per_s" in m:
+            out[f"{key}.rate"] = fig(m.get("deferred_per_s"), "msgs/s")
+    for design, m in (medians.get("restart") or {}).items():
+        key = f"engine43.restart.{design}"
+        for field in ("count", "missing", "early", "duplicates"):
+            out[f"{key}.{field}"] = fig(m.get(field))
+        out[f"{key}.p99"] = fig(m.get("p99_ms"), "ms")
+        out[f"{key}.max"] = fig(m.get("max_ms"), "ms")
+        out[f"{key}.down"] = fig(m.get("down_s"), "s")
+    return out
+
+
 EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "publish": lambda doc: from_publish(doc["results"]),
     "startup": lambda doc: from_startup(doc["results"], doc["params"]),
@@ -269,6 +329,7 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "peers": lambda doc: from_peers(doc["results"], doc["params"]),
     "seeds": lambda doc: from_seeds(doc["results"]),
     "scale": lambda doc: from_scale(doc["results"]),
+    "engine43": from_engine43,
 }
 
 
@@ -278,7 +339,8 @@ def _early(figures: Figures) -> Iterator[int]:
         parts = key.split(".")
         if parts[-1] != "early" or not isinstance(f.get("value"), int):
             continue
-        if parts[0] in ("e2e", "radix", "scale") or parts[1].startswith("rmqdelay"):
+        ours = parts[0] in ("e2e", "radix", "scale") or parts[1].startswith("rmqdelay")
+        if ours or (parts[0] == "engine43" and "tiers" in parts):  # the tiers, on 4.3
             yield f["value"]
 
 

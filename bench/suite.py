@@ -21,6 +21,8 @@ radix     radix 2, 4, 8, 16 and radix 16 with a named 15-min tier on the e2e wor
 peers     every design side by side: confirmed publish rate, the steady workload at 500/s
           (the lateness CDF), and the extras (Redis kill -9 loss, dramatiq-style memory).
 scale     1,000,000 pending delayed messages (see :mod:`bench.scale`).
+engine43  the tiers against RabbitMQ 4.3's one-queue deferred engine (:mod:`bench.engine43`;
+          BENCH_RMQ43_URL, skipped below 4.3).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ from bench.scenarios_peers import (
 )
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("startup", "publish", "e2e", "radix", "peers", "seeds", "scale")
+ENGINE43_QUICK = ("--rates", "50,250", "--duration", "5", "--repeats", "1", "--memory", "10000")
+WORKLOADS = ("startup", "publish", "e2e", "radix", "peers", "seeds", "scale", "engine43")
 
 
 @dataclass
@@ -109,6 +112,8 @@ class SuiteSizes:
     scale_chunk: int = 10_000
     scale_publisher: str = "sync"
     scale_margin_s: float = 45.0
+    # engine43 (bench.engine43's own defaults; these are its flags)
+    engine43_args: tuple[str, ...] = ()
     seed: int = 1234
 
     @classmethod
@@ -134,6 +139,7 @@ class SuiteSizes:
             scale_messages=20_000,
             scale_chunk=5_000,
             scale_margin_s=15.0,
+            engine43_args=ENGINE43_QUICK,
         )
 
     def steady_sizes(self, rate: float, duration_s: float | None = None, **kw: Any) -> Sizes:
@@ -646,6 +652,21 @@ async def workload_startup(suite: Suite) -> None:
         raise RuntimeError("bench.startup failed")
 
 
+async def workload_engine43(suite: Suite) -> None:
+    """The tiers against RabbitMQ 4.3's one-queue deferred engine (:mod:`bench.engine43`):
+    on ``BENCH_RMQ43_URL``, else the suite's broker; skipped, saying why, below 4.3.
+    ``BENCH_RMQ43_PRIVATE=1`` runs it on a 4.3 node of its own (and adds the restart)."""
+    from bench.engine43 import main as engine43_main
+
+    argv = ["--url", os.environ.get("BENCH_RMQ43_URL", "").strip() or suite.url]
+    argv += ["--out", str(suite.out / "engine43.json")]
+    if os.environ.get("BENCH_RMQ43_PRIVATE", "").strip() == "1":
+        argv.append("--private-node")
+    argv += suite.sizes.engine43_args
+    if await asyncio.to_thread(engine43_main, argv) != 0:
+        raise RuntimeError("bench.engine43 failed")
+
+
 WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "startup": workload_startup,
     "publish": workload_publish,
@@ -654,6 +675,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "peers": workload_peers,
     "seeds": workload_seeds,
     "scale": workload_scale,
+    "engine43": workload_engine43,
 }
 
 
