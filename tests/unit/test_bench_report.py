@@ -52,3 +52,53 @@ def test_placeholders_fields_marks_and_loops() -> None:
     assert out[0] == "12,346 0.88 **not met** **met** 1, 2,000 12,345.6"
     assert out[1:3] == ["| - | 12,346 |", "| words | 2.50 |"]
     assert re.match(r"- Measured publish on 2026-01-02, ", out[3])
+
+
+def test_engine43_figures_take_their_ratios_to_the_tiers_of_the_same_run() -> None:
+    tiers = {
+        "p50_ms": 20.0,
+        "p99_ms": 100.0,
+        "max_ms": 150.0,
+        "early": 0,
+        "missing": 0,
+        "broker_cpu_ms_per_msg": 2.0,
+        "worker_cpu_ms_per_msg": 1.0,
+        "scheduler_cpu_ms_per_msg": None,
+    }
+    deferred = {
+        **tiers,
+        "p99_ms": 50.0,
+        "early": 1,
+        "broker_cpu_ms_per_msg": 1.0,
+        "scheduler_cpu_ms_per_msg": 0.5,
+        "at_scheduler": {"early": 0, "p50_ms": 5.0, "p99_ms": 9.0, "max_ms": 12.0},
+    }
+    doc = {
+        "broker": {"version": "4.3.6"},
+        "load_before": {"loadavg": [1.5, 1.0, 1.0]},
+        "params": {"repeats": 3, "duration": 10.0},
+        "results": {
+            "medians": {
+                "load.r250": {"tiers": tiers, "deferred": deferred},
+                "memory": {
+                    "deferred": {
+                        "waiting": 10,
+                        "erlang_bytes_per_msg": 2000.0,
+                        "rss_bytes_per_msg": None,
+                        "publish_per_s": 500.0,
+                        "deferred_per_s": 480.0,
+                    }
+                },
+            }
+        },
+    }
+    figures = keys.from_engine43(doc)
+    assert figures["engine43"]["text"] == "RabbitMQ 4.3.6, load 1.5 before it"
+    assert figures["engine43.r250.deferred.p99"] == keys.fig(50.0, "ms", ratio=0.5)
+    assert "ratio" not in figures["engine43.r250.tiers.p99"]
+    assert figures["engine43.r250.deferred.cpu.broker"]["ratio"] == 0.5
+    assert figures["engine43.r250.deferred.sched.p99"]["value"] == 9.0
+    assert "engine43.r250.tiers.sched.p99" not in figures
+    assert figures["engine43.memory.deferred.rate"]["value"] == 480.0
+    # only the tiers' early count joins all.early: the deferred design is not rmqdelay's
+    assert list(keys._early(figures)) == [0]
