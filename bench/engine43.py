@@ -27,6 +27,10 @@ Parts:
 - ``restart`` (``--private-node`` only: it stops the node): ``--restart-count`` messages
   due 25-35 s ahead, all waiting; the node is stopped and started; missing, early,
   duplicates and lateness after it.
+- ``failover`` (``--failover N``): N messages waiting in a 3-node 4.3 cluster of its own
+  (``rmqd-e43-1..3``, AMQP :5731-5733, from the rmq43 chroot; left running); node 2, the
+  deferred queue's leader and the leader of a third of the tiers, is killed (SIGKILL)
+  with the clients on node 1; missing, early, duplicates, lateness; node 2 is started again.
 
 Needs RabbitMQ 4.3+ with its management API: ``BENCH_RMQ43_URL`` (and
 ``BENCH_RMQ43_MANAGEMENT_URL``), else ``BENCH_AMQP_URL``/``RMQDELAY_URL``; on an older
@@ -237,6 +241,56 @@ async def one_restart(design: str, node: Any, n: int) -> dict[str, Any]:
     }
 
 
+async def one_failover(design: str, urls: list[str], n: int) -> dict[str, Any]:
+    """n messages due 25-35 s ahead, all waiting, in a 3-node cluster of its own; node 2
+    (the deferred queue's leader, the leader of a third of the tiers) is killed (SIGKILL),
+    the clients staying on node 1; then drain, and node 2 is started again."""
+    from brokers import cluster
+
+    peer = make_peer(design, urls[0])
+    if isinstance(peer, DeferredPeer):
+        peer.leader_url = urls[1]  # declared there with client-local: node 2 leads it
+    await peer.setup()
+    killed = False
+    try:
+        t0 = now_ms() + 25_000
+        items = [(f"fo-{i}", t0 - now_ms() + i * 10_000 // n) for i in range(n)]
+        await peer.publish(items)
+        if isinstance(peer, DeferredPeer):
+            while peer.deferrals < n:
+                await asyncio.sleep(0.05)
+        killed = False
+        await asyncio.to_thread(cluster.kill, 1)
+        killed = True
+        records: list[Record] = await peer.drain([i for i, _ in items], 90)
+        stats = lateness_stats(records, expected=n).to_dict()
+        result = {
+            **{k: stats[k] for k in ("count", "missing", "early", "p50_ms", "p99_ms", "max_ms")},
+            "duplicates": peer.arrivals.duplicates,
+        }
+        print(f"failover {design}: {json.dumps(result)}", file=sys.stderr, flush=True)
+    finally:
+        # node 2 back first: deleting the topology with a member down hung (4.3.6)
+        if killed:
+            await asyncio.to_thread(cluster.restart, 1)
+        await peer.teardown()
+    return result
+
+
+def private_cluster() -> list[str]:
+    """Start (or find) a 3-node 4.3 cluster of its own (rmqd-e43-1..3, AMQP :5731-5733,
+    management :15731-15733) from the rmq43 chroot; its URLs."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from brokers import chroot, cluster
+
+    cluster.FLAVOURS["engine43"] = cluster.Flavour(
+        "4.3", ("rmqd-e43-1", "rmqd-e43-2", "rmqd-e43-3"), 5731,
+        Path("/var/lib/rmqdelay-engine-cluster"), release=chroot.RELEASES["rmq43"],
+    )  # fmt: skip
+    cluster._selected[:] = ["engine43"]
+    return cluster.start()
+
+
 def private_node() -> Any:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from brokers import chroot
@@ -296,6 +350,10 @@ async def measure(
     if node is not None and args.restart_count:
         for design in designs:
             note("restart", design, await one_restart(design, node, args.restart_count))
+    if args.failover:
+        urls = await asyncio.to_thread(private_cluster)
+        for design in designs:
+            note("failover", design, await one_failover(design, urls, args.failover))
     medians = {label: {d: _median(rs) for d, rs in by.items()} for label, by in runs.items()}
     return {"broker": info, "runs": runs, "medians": medians}
 
@@ -311,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", type=int, default=100_000, help="messages waiting (0: skip)")
     parser.add_argument("--restart-count", type=int, default=2000)
+    parser.add_argument(
+        "--failover", type=int, default=0,
+        help="messages waiting when a leader is killed, in a 3-node cluster of its own (0: skip)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     logging.getLogger("rmqdelay").setLevel(logging.ERROR)

@@ -66,15 +66,26 @@ class DeferredPeer(RmqdelayPeer):
         self._sched_tail: list[str] = []
         self._due: dict[str, int] = {}
         self._pub: dict[str, int] = {}
+        self.leader_url: str | None = None
+        """Declare the deferred queue there (client-local): that node leads it."""
 
     async def setup(self) -> None:
         try:
             await super().setup()  # the topology, the Worker; its publisher goes unused
             self._conn = await aio_pika.connect(self.url)
             self._channel = await self._conn.channel(publisher_confirms=True, on_return_raises=True)
-            await self._channel.declare_queue(
-                self.deferred_queue, durable=True, arguments={"x-queue-type": "quorum"}
-            )
+            arguments = {"x-queue-type": "quorum"}
+            if self.leader_url is None:
+                await self._channel.declare_queue(
+                    self.deferred_queue, durable=True, arguments=arguments
+                )
+            else:
+                arguments["x-queue-leader-locator"] = "client-local"
+                async with await aio_pika.connect(self.leader_url) as there:
+                    channel = await there.channel()
+                    await channel.declare_queue(
+                        self.deferred_queue, durable=True, arguments=arguments
+                    )
             await self._start_scheduler()
         except BaseException:
             await self.teardown()
