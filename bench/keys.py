@@ -311,8 +311,11 @@ def from_engine43(doc: dict[str, Any]) -> Figures:
         out[f"{key}.publish"] = fig(m.get("publish_per_s"), "msgs/s")
         if "deferred_per_s" in m:
             out[f"{key}.rate"] = fig(m.get("deferred_per_s"), "msgs/s")
-    for design, m in (medians.get("restart") or {}).items():
-        key = f"engine43.restart.{design}"
+    for design, m in [
+        *((f"restart.{d}", m) for d, m in (medians.get("restart") or {}).items()),
+        *((f"failover.{d}", m) for d, m in (medians.get("failover") or {}).items()),
+    ]:
+        key = f"engine43.{design}"
         for field in ("count", "missing", "early", "duplicates"):
             out[f"{key}.{field}"] = fig(m.get(field))
         out[f"{key}.p99"] = fig(m.get("p99_ms"), "ms")
