@@ -24,7 +24,7 @@ from .journal import (
     CancelResult,
     JournalRecord,
     ScheduleView,
-    decode_record,
+    decode_lines,
     encode_records,
     journal_name,
     plan_cancels,
@@ -94,10 +94,7 @@ class UntilMarker:
             kept = [line for line in lines if self.wants(line)]
             self.count += len(lines) - len(kept)
             lines = kept
-        for line in lines:
-            record = decode_record(line)
-            if record is None:
-                continue
+        for record in decode_lines(lines):
             if record.kind == "marker":
                 found = found or record.message_id == self.marker_id
                 continue

@@ -393,3 +393,18 @@ def test_a_tombstone_names_its_copies_and_older_readers_still_see_the_last() -> 
     # a tombstone written before copies were told apart names its due time alone
     old = decode_record(b'{"v":1,"k":"cancelled","id":"a","d":"orders","due":3000,"a":1,"n":0}')
     assert old is not None and old.named_due_times() == (3000,)
+
+
+_lines = st.lists(
+    records.map(encode_record)
+    | st.sampled_from([b"", b"not json", b"1,2", b"[]", b"{}", b'{"v": 1}', b"\xff", b"3"]),
+    max_size=8,
+)
+
+
+@given(_lines)
+def test_a_write_decoded_at_once_is_each_line_decoded_alone(lines: list[bytes]) -> None:
+    """The whole stream message goes through one JSON parse; an unreadable line among
+    the others is still skipped alone, and every readable record comes back in order."""
+    alone = [r for line in lines if (r := decode_record(line)) is not None]
+    assert decode_records(b"\n".join(lines)) == alone
