@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("publish", "startup", "e2e", "radix", "peers", "seeds", "scale", "engine43")
+WORKLOADS = ("publish", "startup", "list", "e2e", "radix", "peers", "seeds", "scale", "engine43")
 Figure = dict[str, Any]
 Figures = dict[str, Figure]
 
@@ -64,6 +64,34 @@ def from_startup(r: dict[str, Any], params: dict[str, Any]) -> Figures:
             before=row.get("before_ms"),
             target=target,
             text=params["commands"][name],
+        )
+    return out
+
+
+LIST_SHOWN = {
+    "raw": "raw read of the stream (pika, from the first offset, to a marker)",
+    "raw json": "raw read, and json.loads of every record",
+    "table": "rmqdelay scheduled list > file",
+    "json": "rmqdelay scheduled list --json",
+    "limit": "rmqdelay scheduled list --limit 20",
+}
+
+
+def from_list(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    out: Figures = {"list.messages": fig(params.get("messages"), "messages")}
+    for name, text in LIST_SHOWN.items():
+        row = r.get(name)
+        if not isinstance(row, dict):
+            continue
+        key = f"list.{name.replace(' ', '_')}"
+        out[key] = fig(
+            row["median_s"],
+            "s",
+            ratio=row["ratio_to_raw"],
+            to="list.raw",
+            runs=row.get("runs_s"),
+            rss=row.get("peak_rss_mib"),
+            text=text,
         )
     return out
 
@@ -327,6 +355,7 @@ def from_engine43(doc: dict[str, Any]) -> Figures:
 EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "publish": lambda doc: from_publish(doc["results"]),
     "startup": lambda doc: from_startup(doc["results"], doc["params"]),
+    "list": lambda doc: from_list(doc["results"], doc["params"]),
     "e2e": lambda doc: from_e2e(doc["results"], doc["params"]),
     "radix": lambda doc: from_radix(doc["results"]),
     "peers": lambda doc: from_peers(doc["results"], doc["params"]),

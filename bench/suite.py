@@ -68,7 +68,7 @@ from bench.scenarios_peers import (
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ENGINE43_QUICK = ("--rates", "50,250", "--duration", "5", "--repeats", "1", "--memory", "10000")
-WORKLOADS = ("startup", "publish", "e2e", "radix", "peers", "seeds", "scale", "engine43")
+WORKLOADS = ("startup", "list", "publish", "e2e", "radix", "peers", "seeds", "scale", "engine43")
 
 
 @dataclass
@@ -114,6 +114,8 @@ class SuiteSizes:
     scale_margin_s: float = 45.0
     # engine43 (bench.engine43's own defaults; these are its flags)
     engine43_args: tuple[str, ...] = ()
+    # list
+    list_messages: int = 100_000
     seed: int = 1234
 
     @classmethod
@@ -140,6 +142,7 @@ class SuiteSizes:
             scale_chunk=5_000,
             scale_margin_s=15.0,
             engine43_args=ENGINE43_QUICK,
+            list_messages=10_000,
         )
 
     def steady_sizes(self, rate: float, duration_s: float | None = None, **kw: Any) -> Sizes:
@@ -667,8 +670,20 @@ async def workload_engine43(suite: Suite) -> None:
         raise RuntimeError("bench.engine43 failed")
 
 
+async def workload_list(suite: Suite) -> None:
+    """``scheduled list`` against a raw read of its stream (:mod:`bench.scheduled_list`)."""
+    from bench.scheduled_list import main as list_main
+
+    s = suite.sizes
+    argv = ["--url", suite.url, "--out", str(suite.out / "list.json")]
+    argv += ["--messages", str(s.list_messages), "--repeats", str(s.repeats)]
+    if await asyncio.to_thread(list_main, argv) != 0:
+        raise RuntimeError("bench.scheduled_list failed")
+
+
 WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "startup": workload_startup,
+    "list": workload_list,
     "publish": workload_publish,
     "e2e": workload_e2e,
     "radix": workload_radix,
