@@ -102,7 +102,7 @@ class AsyncPublisher(
     _channel: AbstractChannel | None = None
     _opening: asyncio.Lock | None = None
     _watched: AbstractConnection | None = None
-    _follower: AsyncFollower | None = None
+    _followers: dict[str, AsyncFollower] | None = None
 
     async def connect(self) -> AsyncPublisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -114,8 +114,8 @@ class AsyncPublisher(
         """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
         channel, self._channel = self._channel, None
-        follower, self._follower = self._follower, None
-        if follower is not None:
+        followers, self._followers = self._followers or {}, None
+        for follower in followers.values():
             await self._quietly(follower.close())
         connection = self._connection
         if self._owns_connection:
@@ -254,9 +254,10 @@ class AsyncPublisher(
         if isinstance(step, Send):
             return await self._send(step.batch)
         if isinstance(step, Follow):
-            if self._follower is None:
-                self._follower = AsyncFollower()
-            return await self._follower.follow(await self._live_connection(), step)
+            if self._followers is None:
+                self._followers = {}
+            follower = self._followers.setdefault(step.reader, AsyncFollower())
+            return await follower.follow(await self._live_connection(), step)
         return await journal_step_async(await self._live_connection(), step)
 
     async def _failover(self, reason: str) -> bool:

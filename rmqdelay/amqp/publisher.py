@@ -49,7 +49,7 @@ class Publisher(
     """
 
     _channel: ConfirmChannel | None = None
-    _follower: BlockingFollower | None = None
+    _followers: dict[str, BlockingFollower] | None = None
 
     def connect(self) -> Publisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -61,8 +61,8 @@ class Publisher(
         """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
         channel, self._channel = self._channel, None
-        follower, self._follower = self._follower, None
-        if follower is not None:
+        followers, self._followers = self._followers or {}, None
+        for follower in followers.values():
             follower.close()
         if self._connection is None:
             return
@@ -188,14 +188,18 @@ class Publisher(
             reader = connect_blocking(self.settings, "journal", last=self._try_last)
             return read_stream(reader, step)
         if isinstance(step, Follow):
-            if self._follower is None:
+            if self._followers is None:
+                self._followers = {}
+            follower = self._followers.get(step.reader)
+            if follower is None:
                 if self._owns_connection:
-                    self._follower = BlockingFollower(self._live_connection, shared=True)
+                    follower = BlockingFollower(self._live_connection, shared=True)
                 else:  # a connection given: the follower's channel must not close it
-                    self._follower = BlockingFollower(
+                    follower = BlockingFollower(
                         lambda: connect_blocking(self.settings, "keys", last=self._try_last)
                     )
-            return self._follower.follow(step)
+                self._followers[step.reader] = follower
+            return follower.follow(step)
         return self._send(step.batch)
 
     def _failover(self, reason: str) -> bool:

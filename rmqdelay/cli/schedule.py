@@ -6,6 +6,7 @@ import gc
 import json
 import sys
 import time
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ from .options import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..core.journal import CancelResult, JournalRecord
+    from ..core.journal import CancelResult
     from ..core.reschedule import RescheduleResult
     from .schedule_rows import Row
 
@@ -120,7 +121,7 @@ def scheduled_list(
     from ..amqp.publisher import Publisher
     from ..core.clock import ms_of_datetime
     from ..core.journal_flows import require_journal, scheduled_rows
-    from .schedule_rows import RICH_ROWS, Row, json_line, plain_table, write_lines
+    from .schedule_rows import RICH_ROWS, json_line, numbered, plain_table, write_lines
 
     before = _due_before(due_before)
     settings = settings_from(url, prefix, config)
@@ -156,18 +157,15 @@ def scheduled_list(
                 key=key,
             )
         )
-    found = [record for record, _ in rows]
     # copies are counted over everything the filters let through, then --limit cuts
-    copy, copies = _number_copies(found)
-    del found
-    shown = [
-        Row(record, copy[i], copies[record.message_id], generation)
-        for i, (record, generation) in enumerate(rows if limit is None else rows[:limit])
-    ]
-    del rows, copy
+    copies = Counter(record.message_id for record, _ in rows)
+    if limit is not None:
+        del rows[limit:]
     if as_json:
-        write_lines(map(json_line, shown), sys.stdout.write)
+        write_lines(map(json_line, numbered(rows, copies)), sys.stdout.write)
         return
+    shown = list(numbered(rows, copies))
+    del rows
     several = len({r.record.message_id for r in shown if r.copies > 1})
     console = out(emoji=False)
     if console.is_terminal and len(shown) <= RICH_ROWS:
@@ -192,16 +190,6 @@ def _rich_table(console: Console, shown: list[Row]) -> None:
     for row in shown:
         table.add_row(*(escape(cell) for cell in cells(row)))
     console.print(table)
-
-
-def _number_copies(found: list[JournalRecord]) -> tuple[list[int], dict[str, int]]:
-    """Each row's copy number within its id (soonest first), and each id's copies."""
-    copy: list[int] = []
-    copies: dict[str, int] = {}
-    for record in found:
-        copies[record.message_id] = copies.get(record.message_id, 0) + 1
-        copy.append(copies[record.message_id])
-    return copy, copies
 
 
 @click.command(

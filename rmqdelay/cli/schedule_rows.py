@@ -9,7 +9,7 @@ goes. rich still draws a small table on a terminal (:data:`RICH_ROWS`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from json.encoder import encode_basestring_ascii as _quote
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -18,7 +18,7 @@ from ..core.clock import iso_of_ms
 if TYPE_CHECKING:
     from ..core.journal import JournalRecord
 
-__all__ = ["RICH_ROWS", "Row", "json_line", "plain_table", "write_lines"]
+__all__ = ["RICH_ROWS", "Row", "json_line", "numbered", "plain_table", "write_lines"]
 
 RICH_ROWS = 200
 """At most this many rows go through rich's table, and only on a terminal."""
@@ -36,6 +36,16 @@ class Row(NamedTuple):
     copy: int
     copies: int
     generation: int | None
+
+
+def numbered(
+    rows: Iterable[tuple[JournalRecord, int | None]], copies: Mapping[str, int]
+) -> Iterator[Row]:
+    """Each copy (soonest first) with its number among its id's copies, and their count."""
+    seen: dict[str, int] = {}
+    for record, generation in rows:
+        copy = seen[record.message_id] = seen.get(record.message_id, 0) + 1
+        yield Row(record, copy, copies[record.message_id], generation)
 
 
 def recurring_of(record: JournalRecord) -> str | None:
@@ -73,6 +83,21 @@ def json_line(row: Row) -> str:
     )
 
 
+_SECONDS: dict[int, str] = {}
+
+
+def iso_ms(ms: int) -> str:
+    """:func:`~rmqdelay.core.clock.iso_of_ms`, the same text, with each second's
+    date and time formatted once: many copies fall due within the same second."""
+    second, milli = divmod(ms, 1000)
+    head = _SECONDS.get(second)
+    if head is None:
+        if len(_SECONDS) > 100_000:
+            _SECONDS.clear()
+        head = _SECONDS[second] = iso_of_ms(second * 1000, "seconds")[:-6]
+    return f"{head}.{milli:03d}+00:00"
+
+
 def _number(value: int | None) -> str:
     return "null" if value is None else str(int(value))
 
@@ -95,7 +120,7 @@ def table_columns(rows: list[Row]) -> tuple[list[str], Callable[[Row], list[str]
     def cells(row: Row) -> list[str]:
         r = row.record
         found = [
-            iso_of_ms(r.due_at_ms),
+            iso_ms(r.due_at_ms),
             _shown(r.destination),
             _shown(r.message_id),
             str(r.attempt),
@@ -120,21 +145,17 @@ def plain_table(rows: list[Row]) -> Iterator[str]:
     widths = [len(t) for t in titles]
     for i, title in enumerate(titles):
         if title == "due at (UTC)":
-            widths[i] = max(widths[i], len(iso_of_ms(0)))  # every due time is this long
+            widths[i] = max(widths[i], len(iso_ms(0)))  # every due time is this long
             continue
         widths[i] = max([widths[i], *(len(c) for c in _column(rows, cells, i))])
-    right = {i for i, t in enumerate(titles) if t in ("attempt", "bytes", "gen", "copy")}
-
-    def line(values: Iterable[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if i in right else v.ljust(w)
-            for i, (v, w) in enumerate(zip(values, widths, strict=True))
-        ).rstrip()
-
-    yield line(titles)
-    yield line("-" * w for w in widths)
+    right = {"attempt", "bytes", "gen", "copy"}
+    line = "  ".join(
+        f"{{:{'>' if t in right else '<'}{w}}}" for t, w in zip(titles, widths, strict=True)
+    ).format
+    yield line(*titles).rstrip()
+    yield line(*("-" * w for w in widths)).rstrip()
     for row in rows:
-        yield line(cells(row))
+        yield line(*cells(row)).rstrip()
 
 
 def _column(rows: list[Row], cells: Callable[[Row], list[str]], i: int) -> Iterator[str]:

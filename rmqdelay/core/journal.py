@@ -203,6 +203,10 @@ def decode_record(raw: bytes) -> JournalRecord | None:
         return None
 
 
+_PLAIN_KEYS = frozenset(("v", "k", "id", "d", "due", "a", "n", "t"))
+"""The fields of the usual record: :func:`encode_scheduled`'s without a key."""
+
+
 def _record_of(data: Any) -> JournalRecord | None:
     """A parsed line as a record, or None when this version cannot read it."""
     try:
@@ -211,6 +215,17 @@ def _record_of(data: Any) -> JournalRecord | None:
         kind = data["k"]
         if kind not in _KINDS:
             return None
+        if data.keys() == _PLAIN_KEYS:  # the usual record: fewer lookups
+            return JournalRecord(
+                kind,
+                str(data["id"]),
+                str(data["d"]),
+                int(data["due"]),
+                int(data["a"]),
+                int(data["n"]),
+                {},
+                int(data["t"]),
+            )
         body = data.get("b")
         key = data.get("key")
         mode = data.get("m")

@@ -125,6 +125,9 @@ class Follow:
     reached: Callable[[], bool] = lambda: False
     """True when what the step waits for was read already (by another Follow of the
     same publisher, running first): the adapter answers ``done`` without waiting."""
+    reader: str = "keys"
+    """Which of the publisher's consumers: each fold (keys, :mod:`.view_follow`'s
+    ``view``) reads on from its own offset, so each has its own."""
 
     @property
     def offset(self) -> datetime | int:

@@ -55,6 +55,7 @@ from .reschedule import RescheduleResult, plan_reschedule
 from .routing import validate_destination
 from .steps import CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
+from .view_follow import ViewFollower, read_on
 from .wire import encode_properties
 
 __all__ = ["KEY_MAX_CHARS", "PublisherCore", "check_key"]
@@ -107,6 +108,7 @@ class PublisherCore:
         self._valid_destinations: set[str] = set()
         self._properties = PropertyTemplates()
         self._follower: KeyFollower | None = None
+        self._view_follower: ViewFollower | None = None
         self.read_back_timeout = 30.0
         """How long a keyed publish waits for the journal to give its record back."""
 
@@ -376,7 +378,10 @@ class PublisherCore:
         in the journal raises, saying how to keep bodies."""
         start = clock.now_us()
         new_due_ms = ms_of_us(start + self._delay_us(delay, at, start))
-        view = yield from journal_flows.read_view(self.layout, timeout=timeout)
+        # the fold kept from the last call, read on to the journal's end (.view_follow)
+        follower = yield from read_on(self.layout, self._view_follower, timeout=timeout)
+        self._view_follower = follower
+        view = follower.view
         plan = plan_reschedule(view, target, new_due_ms, clock.now_ms())
         if plan.result.outcome == "needs body":
             raise failures.reschedule_needs_body(plan.result)

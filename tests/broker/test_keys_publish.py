@@ -88,7 +88,7 @@ def test_a_lost_reader_reads_on_from_its_offset(shared_topology: TestTopology) -
     key = _key(shared_topology, "lost")
     with Publisher(settings) as publisher:
         first = publisher.publish(dest, b"1", delay="1m", key=key, on_conflict="ignore")
-        follower = publisher._follower
+        follower = (publisher._followers or {}).get("keys")
         assert follower is not None and follower._connection is not None
         follower._connection.close()  # as a missed heartbeat would
         second = publisher.publish(dest, b"2", delay="1m", key=key, on_conflict="ignore")
@@ -183,7 +183,7 @@ def test_async_a_lost_follower_channel_reads_on(shared_topology: TestTopology) -
     async def main() -> None:
         async with AsyncPublisher(settings) as publisher:
             first = await publisher.publish(dest, b"1", delay="1m", key=key, on_conflict="ignore")
-            follower = publisher._follower
+            follower = (publisher._followers or {}).get("keys")
             assert follower is not None and follower._channel is not None
             await follower._channel.close()  # as a channel error would
             second = await publisher.publish(dest, b"2", delay="1m", key=key, on_conflict="ignore")

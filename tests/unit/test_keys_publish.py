@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -205,3 +207,34 @@ def test_the_keyed_fast_path_prepares_what_the_general_one_does(body: object) ->
         message_id=fast.message_id,
     )
     assert fast == slow
+
+
+def test_repeated_reschedules_fold_only_what_is_new() -> None:
+    """Each reschedule reads on from where the last stopped, on its own reader, and sees
+    what came between (a cancel) as a whole read would."""
+    publisher = InMemoryPublisher()
+    sent = [publisher.publish("jobs", b"1", delay="10m") for _ in range(50)]
+    taken: list[int] = []
+    follow = publisher._follow
+
+    def counting(step: Any) -> Any:
+        offsets: list[int] = []
+
+        def take(offset: int, body: bytes) -> bool:
+            offsets.append(offset)
+            return bool(step.take(offset, body))
+
+        answer = follow(replace(step, take=take))
+        taken.append(len(offsets))
+        assert step.reader == "view"
+        return answer
+
+    publisher._follow = counting  # type: ignore[method-assign]
+    assert publisher.reschedule(sent[0].message_id, delay="20m").outcome == "rescheduled"
+    publisher.cancel(sent[1].message_id)  # a full read of its own: the view hears it after
+    assert publisher.reschedule(sent[1].message_id, delay="20m").outcome == "cancelled"
+    assert publisher.reschedule(sent[2].message_id, delay="20m").outcome == "rescheduled"
+    assert publisher.reschedule(sent[0].message_id, delay="30m").outcome == "rescheduled"
+    # the first read the 50 records and its marker; each later one what came since:
+    # the last reschedule's record, a cancel (its tombstone; the reader's marker), its marker
+    assert taken[0] == 51 and max(taken[1:]) <= 4, taken

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rmqdelay.cli.schedule_rows import (
     RECURRING,
     Row,
+    iso_ms,
     json_line,
     plain_table,
     recurring_of,
@@ -27,7 +28,7 @@ rows = st.builds(
         kind=st.just("scheduled"),
         message_id=texts,
         destination=texts,
-        due_at_ms=st.integers(0, 2**45),
+        due_at_ms=st.integers(0, 7 * 10**12),
         attempt=st.integers(1, 100),
         body_size=st.integers(0, 2**31),
         headers=st.just({})
@@ -83,3 +84,9 @@ def test_lines_are_written_in_chunks_and_all_of_them() -> None:
     assert write_lines((str(i) for i in range(2500)), writes.append) == 2500
     assert len(writes) == 3
     assert "".join(writes).splitlines() == [str(i) for i in range(2500)]
+
+
+@given(st.integers(0, 7 * 10**12))
+def test_a_due_time_reads_as_iso_of_ms_writes_it(ms: int) -> None:
+    """Up to the year 2191: past it, iso_of_ms's float seconds miss a millisecond."""
+    assert iso_ms(ms) == iso_of_ms(ms)
