@@ -23,6 +23,7 @@ Prints medians and ratios to ``raw``; writes ``bench/results/list.json`` (or ``-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -34,7 +35,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEFAULT_AMQP_URL, machine_info, machine_load, now_ms
+from bench.common import DEFAULT_AMQP_URL, broker_info, machine_info, machine_load, now_ms
 from rmqdelay import Publisher, Settings, TopologyManager
 
 RESULTS = Path(__file__).resolve().parent / "results" / "list.json"
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "generated_at_ms": now_ms(),
         "command": ["python", "-m", "bench.scheduled_list", *(argv or [])],
         "machine": machine_info(),
+        "broker": asyncio.run(broker_info(args.url)),
         "load_before": load_before,
         "load_after": {"loadavg": load_after},
         "params": {"messages": args.messages, "repeats": args.repeats, "limit": LIMIT},
