@@ -36,6 +36,9 @@ from .recurring_api import AsyncRecurringMethods
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 
 T = TypeVar("T")
+_CHUNK = 128
+"""At most this many messages per write (and a quarter of the window): a write as soon
+as a chunk's room is free keeps the broker busy while the client encodes the next."""
 _LOST = (
     aiormq.exceptions.ChannelInvalidStateError,
     aiormq.exceptions.ConnectionClosed,
@@ -285,41 +288,84 @@ class AsyncPublisher(
             raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
 
     async def _send(self, batch: list[Prepared]) -> list[Outcome]:
-        if len(batch) == 1:  # no gather for a lone message
+        if len(batch) == 1:  # no window for a lone message
             return [await self._outcome(batch[0])]
         outcomes: list[Outcome] = []
-        for start in range(0, len(batch), self._window):
-            chunk = batch[start : start + self._window]
+        while len(outcomes) < len(batch):
+            rest = batch[len(outcomes) :]
             channel = await self._confirm_channel()
             underlay: Any = await channel.get_underlay_channel()
-            if aiormq_private.can_write_frames(underlay):
-                outcomes += await self._send_window(underlay, chunk)
-            else:
+            if not aiormq_private.can_write_frames(underlay):
+                chunk = rest[: self._window]  # the public API: a window at a time
                 outcomes += await asyncio.gather(*(self._outcome(p) for p in chunk))
+                continue
+            done, stopped = await self._send_sliding(underlay, rest)
+            outcomes += done
+            if stopped is not None or not done:  # no confirms: sending more is no use
+                why = stopped or "the channel closed before anything was sent"
+                outcomes += [self.core.not_sent(p.message_id, why) for p in rest[len(done) :]]
         return outcomes
 
-    async def _send_window(self, underlay: Any, chunk: list[Prepared]) -> list[Outcome]:
-        """A window of messages as one write of frames (:mod:`.aiormq_private`), each
-        message with its own confirm, return and nack as from aiormq's own publish."""
-        outs = [self.core.finalize(p) for p in chunk]
+    async def _send_sliding(
+        self, underlay: Any, batch: list[Prepared]
+    ) -> tuple[list[Outcome], str | None]:
+        """Send ``batch`` with up to ``window`` messages unconfirmed, writing a chunk of
+        frames at once (:mod:`.aiormq_private`) whenever a chunk's room is free, each
+        message with its own confirm, return or nack as from aiormq's own publish.
+
+        Returns the outcomes of the messages written, in order, and why sending stopped
+        before the end (no confirm in time), if it did. When the channel closes, the
+        written ones fail with its reason and the caller sends the rest on a new one.
+        A send-all-then-wait window left the broker idle while the client waited for the
+        last confirm of each window, and the client idle while the broker caught up.
+        """
+        timeout, window = self.settings.confirm_timeout, self._window
+        step = max(1, min(_CHUNK, window // 4))
+        book = aiormq_private.Confirms(underlay)
+        outs: list[Outgoing] = []
+        stopped: str | None = None
+        lost: BaseException | None = None
         try:
-            confirms = await aiormq_private.write_window(underlay, outs)
+            while len(outs) < len(batch) and book.closed is None:
+                wanted = min(step, len(batch) - len(outs))
+                if window - book.outstanding < wanted:
+                    if not await book.wait(window - wanted, timeout):
+                        break
+                    continue
+                start = len(outs)
+                chunk = [self.core.finalize(p) for p in batch[start : start + wanted]]
+                await aiormq_private.write_window(underlay, book, chunk)
+                outs += chunk
+            if book.closed is None:
+                await book.wait(0, timeout)
         except (asyncio.TimeoutError, *_LOST) as exc:
-            self._lost = exc
-            return [self.core.unconfirmed(out.message_id, exc) for out in outs]
-        done, _ = await asyncio.wait(confirms, timeout=self.settings.confirm_timeout)
+            lost = self._lost = exc
+        finally:
+            if book.closed is None and lost is None and book.outstanding:
+                stopped = (
+                    f"earlier messages of the batch got no confirm within "
+                    f"confirm_timeout={timeout:g}s"
+                )
+            book.finish()
+        if book.closed is not None and isinstance(book.closed, _LOST):
+            self._lost = book.closed
         outcomes: list[Outcome] = []
-        for out, confirm in zip(outs, confirms, strict=True):
-            if confirm not in done:
-                confirm.cancel()
-                outcomes.append(self.core.no_confirm(out.message_id, self.settings.confirm_timeout))
-            elif confirm.cancelled():
-                outcomes.append(self.core.unconfirmed(out.message_id, "cancelled"))
-            elif (error := confirm.exception()) is not None:
-                outcomes.append(self._failure(out, error))
-            else:
+        for out, slot in zip(outs, book.slots, strict=True):
+            value = slot.value
+            if value is True:
                 outcomes.append(PublishResult.of(out))
-        return outcomes
+            elif isinstance(value, BaseException):
+                outcomes.append(self._failure(out, value))
+            elif book.closed is not None:
+                failure = self._failure(out, book.closed)
+                if not isinstance(failure, PublishError):  # closed by us: CancelledError
+                    failure = self.core.unconfirmed(out.message_id, repr(book.closed))
+                outcomes.append(failure)
+            elif lost is not None:
+                outcomes.append(self.core.unconfirmed(out.message_id, lost))
+            else:
+                outcomes.append(self.core.no_confirm(out.message_id, timeout))
+        return outcomes, stopped
 
     async def _outcome(self, prepared: Prepared) -> Outcome:
         try:

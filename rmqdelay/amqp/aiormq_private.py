@@ -1,21 +1,23 @@
 """Every reach into aiormq's private state, in one place: the async publisher's windows.
 
-:func:`write_window` sends a window of messages as one write of frames rmqdelay encoded,
-with a confirm future per message in the channel's own books (``confirmations``,
+:func:`write_window` sends messages as one write of frames rmqdelay encoded, with a
+slot per message in the channel's own books (``confirmations``,
 ``message_id_delivery_tag``, ``delivery_tag``, under its ``lock``, written to the
 connection's ``write_queue``), so returns, nacks and a closing channel reach each message
-as they reach ``aiormq.Channel.basic_publish``'s own. None of that is aiormq's public API,
-so it is checked: when this module is imported (the aiormq version inside the bounds
-pyproject.toml declares, what the classes show) and on each channel before use. When a
-check fails, or ``RMQDELAY_CLIENT_FAST=0`` asks for it, each message goes through the
-public ``basic_publish`` instead: slower, the same outcomes.
+as they reach ``aiormq.Channel.basic_publish``'s own. A slot is not a future: it has
+only what aiormq's ``_confirm_delivery`` and ``_on_return_frame`` call on one
+(:class:`_Slot`), and :class:`Confirms` keeps a sliding window over the slots of a
+batch. None of that is aiormq's public API, so it is checked: when this module is
+imported (the aiormq version inside the bounds pyproject.toml declares, what the classes
+show) and on each channel before use. When a check fails, or ``RMQDELAY_CLIENT_FAST=0``
+asks for it, each message goes through the public ``basic_publish`` instead: slower,
+the same outcomes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -29,7 +31,15 @@ from ..core.outgoing import Outgoing
 from ..core.wire import encode_publish
 from .publishing import client_fast
 
-__all__ = ["AIORMQ_BOUNDS", "PROBLEM", "can_write_frames", "self_check", "write_window"]
+__all__ = [
+    "AIORMQ_BOUNDS",
+    "DROPPED",
+    "PROBLEM",
+    "Confirms",
+    "can_write_frames",
+    "self_check",
+    "write_window",
+]
 
 log = logging.getLogger("rmqdelay.publisher")
 
@@ -52,7 +62,7 @@ def self_check(version: str, channel: type = aiormq.Channel, frame: type = Chann
     low, high = AIORMQ_BOUNDS
     if not low <= _version(version) < high:
         return f"aiormq {version} is outside the versions rmqdelay knows (>= 6.8, < 8)"
-    for name in ("basic_publish", "create_future"):
+    for name in ("basic_publish", "create_future", "_confirm_delivery", "_on_return_frame"):
         if not callable(getattr(channel, name, None)):
             return f"aiormq.Channel has no {name}()"
     if not dataclasses.is_dataclass(frame):
@@ -99,14 +109,131 @@ def can_write_frames(underlay: Any) -> bool:
     return not problem
 
 
-def _forget(underlay: Any, message_id: str, tag: int, _future: object) -> None:
-    if underlay.message_id_delivery_tag.get(message_id) == tag:
-        del underlay.message_id_delivery_tag[message_id]
+class _Slot:
+    """One message's place in aiormq's ``confirmations``: what aiormq calls on a confirm
+    future there (``done``, ``cancelled``, ``set_result``, ``set_exception``) and nothing
+    more. A future per message cost a future, three done callbacks and two entries in
+    aiormq's future stores, each a call_soon when it resolved: most of the window's
+    client CPU and of the garbage the collector then walked (bench/README.md)."""
+
+    __slots__ = ("book", "chunk", "message_id", "tag", "value")
+
+    def __init__(self, book: Confirms, chunk: int, message_id: str, tag: int) -> None:
+        self.book, self.chunk, self.message_id, self.tag = book, chunk, message_id, tag
+        self.value: object = None
+        """None while unconfirmed; then True (acked), what aiormq set (a return, a nack),
+        or :data:`DROPPED`."""
+
+    def done(self) -> bool:
+        return self.value is not None
+
+    def cancelled(self) -> bool:
+        """True once given up on: aiormq then logs a late confirm at DEBUG only."""
+        return self.value is DROPPED
+
+    def set_result(self, _frame: object) -> None:
+        self.book.settle(self, True)
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.book.settle(self, exc)
 
 
-async def write_window(underlay: Any, outs: Sequence[Outgoing]) -> list[asyncio.Future[Any]]:
-    """Register a confirm future per message and write all their frames at once, under
-    the channel's lock, as ``aiormq.Channel.basic_publish`` does for one.
+DROPPED = object()
+"""A slot no confirm came for in time, or whose channel closed first."""
+
+
+class Confirms:
+    """The confirms of one batch on one channel, for a sliding window: the messages
+    written so far (:func:`write_window`), how many still wait, and a wait until no more
+    than so many do. One future per batch, in the channel's own store, learns when the
+    channel or its connection closes (aiormq rejects every future it holds then)."""
+
+    def __init__(self, underlay: Any) -> None:
+        self.slots: list[_Slot] = []
+        self.outstanding = 0
+        self.closed: BaseException | None = None
+        """Why the channel or its connection closed during the batch."""
+        self._ids: dict[str, int] = underlay.message_id_delivery_tag
+        self._loop = asyncio.get_running_loop()
+        self._sent_at: list[float] = []
+        self._left: list[int] = []
+        self._oldest = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._wake_at = 0
+        self._sentinel: asyncio.Future[Any] = underlay.create_future()
+        self._sentinel.add_done_callback(self._on_sentinel)
+
+    def _on_sentinel(self, sentinel: asyncio.Future[Any]) -> None:
+        if sentinel.cancelled():
+            self.closed = asyncio.CancelledError("the channel was closed")
+        elif (exc := sentinel.exception()) is not None:
+            self.closed = exc
+        else:
+            return  # finish() resolved it
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def settle(self, slot: _Slot, value: object) -> None:
+        """A confirm, a return or a nack for ``slot``, from aiormq."""
+        if slot.value is not None:
+            return
+        slot.value = value
+        if self._ids.get(slot.message_id) == slot.tag:
+            del self._ids[slot.message_id]
+        self._left[slot.chunk] -= 1
+        self.outstanding -= 1
+        if self.outstanding <= self._wake_at:
+            self._wake()
+
+    def _sent(self, count: int) -> int:
+        """Book a chunk of ``count`` messages written now; its number."""
+        self._sent_at.append(self._loop.time())
+        self._left.append(count)
+        self.outstanding += count
+        return len(self._left) - 1
+
+    async def wait(self, at_most: int, timeout: float) -> bool:
+        """Until at most ``at_most`` messages wait for a confirm: False when the channel
+        closed first, or the oldest waiting message has waited ``timeout`` seconds."""
+        while self.outstanding > at_most:
+            if self.closed is not None:
+                return False
+            while self._left[self._oldest] == 0:
+                self._oldest += 1
+            left = self._sent_at[self._oldest] + timeout - self._loop.time()
+            if left <= 0:
+                return False
+            self._waiter = waiter = self._loop.create_future()
+            self._wake_at = at_most
+            timer = self._loop.call_later(left, self._wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        return True
+
+    def finish(self) -> None:
+        """Give up on what still waits (a late confirm is then ignored quietly), and
+        take the batch's future out of the channel's store."""
+        for slot in self.slots:
+            if slot.value is None:
+                slot.value = DROPPED
+                if self._ids.get(slot.message_id) == slot.tag:
+                    del self._ids[slot.message_id]
+        self.outstanding = 0
+        if not self._sentinel.done():
+            self._sentinel.set_result(None)
+
+
+async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) -> None:
+    """Write ``outs`` as one write of frames, each message with its slot in the
+    channel's books (:class:`Confirms`), under the channel's lock, as
+    ``aiormq.Channel.basic_publish`` does for one.
 
     aiormq spends, per publish, a lock, a timeout scope, a frame object each and a
     write: on the publish path that was most of the client's time (bench/README.md).
@@ -130,12 +257,12 @@ async def write_window(underlay: Any, outs: Sequence[Outgoing]) -> list[asyncio.
         # queued first: the writer cannot send it, nor a confirm come, before the
         # books below are written, as nothing here awaits after the put
         await underlay.write_queue.put(ChannelFrame(payload=payload, should_close=False))
-        confirms = []
+        chunk = book._sent(len(outs))
+        confirmations, ids, slots = underlay.confirmations, underlay.message_id_delivery_tag, []
         for tag, out in enumerate(outs, first):
-            confirm = underlay.create_future()
-            underlay.confirmations[tag] = confirm
-            underlay.message_id_delivery_tag[out.message_id] = tag
-            confirm.add_done_callback(functools.partial(_forget, underlay, out.message_id, tag))
-            confirms.append(confirm)
+            slot = _Slot(book, chunk, out.prepared.message_id, tag)
+            confirmations[tag] = slot
+            ids[slot.message_id] = tag
+            slots.append(slot)
+        book.slots += slots
         underlay.delivery_tag = first + len(outs) - 1
-    return confirms

@@ -31,6 +31,7 @@ __all__ = [
     "no_confirm",
     "no_exchange",
     "not_connected",
+    "not_sent",
     "reschedule_needs_body",
     "returned",
     "unconfirmed",
@@ -108,6 +109,11 @@ def unconfirmed(message_id: str, why: object) -> PublisherClosedError:
         f"the connection closed before message {message_id} was confirmed ({why}); "
         "it may or may not have been delivered: publish it again"
     )
+
+
+def not_sent(message_id: str, why: object) -> PublisherClosedError:
+    """A message of a batch left unsent: sending stopped before it (``why``)."""
+    return PublisherClosedError(f"message {message_id} was not sent ({why}): publish it again")
 
 
 def no_confirm(message_id: str, timeout: float) -> ConfirmTimeoutError:

@@ -602,5 +602,6 @@ class PublisherCore:
     no_exchange = staticmethod(failures.no_exchange)
     unconfirmed = staticmethod(failures.unconfirmed)
     no_confirm = staticmethod(failures.no_confirm)
+    not_sent = staticmethod(failures.not_sent)
     not_connected = staticmethod(failures.not_connected)
     lost = staticmethod(failures.lost)

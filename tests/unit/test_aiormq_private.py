@@ -4,6 +4,7 @@ left for the public ``basic_publish`` (rmqdelay/amqp/aiormq_private.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import logging
 import re
@@ -15,7 +16,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiormq
 import pytest
+from pamqp.commands import Basic
 
 from rmqdelay import Settings
 from rmqdelay.amqp import aiormq_private
@@ -150,13 +153,32 @@ def test_a_channel_keeping_other_books_goes_through_basic_publish(
     assert caplog.text.count(problem) == 1, "one warning per kind of problem"
 
 
-async def test_a_window_is_one_write_with_a_confirm_per_message_in_the_books() -> None:
-    channel = _channel(delivery_tag=4)
-    outs = [
-        CORE.finalize(CORE.prepare("orders", f"m{i}".encode(), delay=i, message_id=f"m{i}"))
-        for i in range(3)
+def _outs(*ids: str) -> list[Any]:
+    return [
+        CORE.finalize(CORE.prepare("orders", f"{m}".encode(), delay=i, message_id=m))
+        for i, m in enumerate(ids)
     ]
-    confirms = await aiormq_private.write_window(channel, outs)
+
+
+def _aiormq_confirms(channel: Any) -> Any:
+    """aiormq's own confirm handling (``Channel._on_confirm_frame``, ``_confirm_delivery``)
+    run on the fake channel's books: what reaches a slot is what aiormq does."""
+    channel.loop = asyncio.get_running_loop()
+    channel._confirm_delivery = functools.partial(aiormq.Channel._confirm_delivery, channel)
+
+    async def on_frame(frame: Any) -> None:
+        await aiormq.Channel._on_confirm_frame(channel, frame)
+        for _ in range(3):  # aiormq settles a multiple ack in call_soon callbacks
+            await asyncio.sleep(0)
+
+    return on_frame
+
+
+async def test_a_window_is_one_write_with_a_slot_per_message_in_the_books() -> None:
+    channel = _channel(delivery_tag=4)
+    book = aiormq_private.Confirms(channel)
+    outs = _outs("m0", "m1", "m2")
+    await aiormq_private.write_window(channel, book, outs)
     frame = channel.write_queue.get_nowait()
     assert channel.write_queue.empty()
     assert frame.payload == b"".join(
@@ -171,8 +193,62 @@ async def test_a_window_is_one_write_with_a_confirm_per_message_in_the_books() -
         for o in outs
     )
     assert channel.delivery_tag == 7
-    assert channel.confirmations == dict(zip([5, 6, 7], confirms, strict=True))
+    assert channel.confirmations == dict(zip([5, 6, 7], book.slots, strict=True))
     assert channel.message_id_delivery_tag == {"m0": 5, "m1": 6, "m2": 7}
-    confirms[1].set_result(None)  # aiormq pops the confirmation and resolves it
-    await asyncio.sleep(0)  # the done callbacks run
+    assert book.outstanding == 3
+    on_frame = _aiormq_confirms(channel)
+    await on_frame(Basic.Ack(delivery_tag=6))
     assert channel.message_id_delivery_tag == {"m0": 5, "m2": 7}
+    assert [s.value for s in book.slots] == [None, True, None] and book.outstanding == 2
+
+
+async def test_a_multiple_ack_and_a_nack_reach_each_slot_and_wake_the_window() -> None:
+    channel = _channel()
+    on_frame = _aiormq_confirms(channel)
+    book = aiormq_private.Confirms(channel)
+    await aiormq_private.write_window(channel, book, _outs("a", "b", "c"))
+    await aiormq_private.write_window(channel, book, _outs("d", "e"))
+    waiting = asyncio.ensure_future(book.wait(2, timeout=3600))
+    await on_frame(Basic.Ack(delivery_tag=2, multiple=True))
+    assert not waiting.done(), "3 still wait: more than 2"
+    await on_frame(Basic.Nack(delivery_tag=4))
+    assert waiting.done() and waiting.result() is True
+    values = [s.value for s in book.slots]
+    assert values[:2] == [True, True] and values[2] is None and values[4] is None
+    assert isinstance(values[3], aiormq.exceptions.DeliveryError)
+    assert channel.message_id_delivery_tag == {"c": 3, "e": 5}
+    assert list(channel.confirmations) == [3, 5]
+
+
+async def test_what_waits_past_the_timeout_is_dropped_and_a_late_confirm_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    channel = _channel()
+    on_frame = _aiormq_confirms(channel)
+    book = aiormq_private.Confirms(channel)
+    await aiormq_private.write_window(channel, book, _outs("a", "b"))
+    assert await book.wait(0, timeout=0) is False
+    book.finish()
+    assert [s.value for s in book.slots] == [aiormq_private.DROPPED] * 2
+    assert channel.message_id_delivery_tag == {}
+    with caplog.at_level(logging.DEBUG, "aiormq"):
+        await on_frame(Basic.Ack(delivery_tag=2, multiple=True))
+    assert [s.value for s in book.slots] == [aiormq_private.DROPPED] * 2
+    assert "WARNING" not in caplog.text and channel.confirmations == {}
+
+
+async def test_a_closing_channel_ends_the_wait_with_its_reason() -> None:
+    channel = _channel()
+    store: list[asyncio.Future[Any]] = []
+    loop = asyncio.get_running_loop()
+    channel.create_future = lambda: store.append(loop.create_future()) or store[-1]
+    book = aiormq_private.Confirms(channel)
+    await aiormq_private.write_window(channel, book, _outs("a"))
+    waiting = asyncio.ensure_future(book.wait(0, timeout=3600))
+    await asyncio.sleep(0)
+    reason = aiormq.exceptions.ChannelClosed(404, "NOT_FOUND")
+    store[0].set_exception(reason)  # as aiormq's reject_all does on a close
+    assert await waiting is False
+    assert book.closed is reason
+    book.finish()
+    assert book.slots[0].value is aiormq_private.DROPPED
