@@ -74,14 +74,16 @@ class PropertyTemplates:
     ) -> bytes:
         template = None
         attempt = headers.get(ATTEMPT)
-        if (
-            len(headers) == 1
-            and type(attempt) is int
+        # what a template holds: an int attempt, a 64-bit due time, a short ASCII id, and
+        # text (or no) carried properties
+        fits = (
+            type(attempt) is int
             and due_ms >= _LONG_DUE
             and message_id.isascii()
             and len(message_id) <= SHORTSTR_MAX
             and all(v is None or type(v) is str for v in carried.values())
-        ):
+        )
+        if fits and len(headers) == 1:
             key = (destination, attempt, *carried.values())
             if key in self._templates:
                 template = self._templates[key]
@@ -89,15 +91,7 @@ class PropertyTemplates:
                 template = self._template(destination, headers, carried)
                 if len(self._templates) < REMEMBERED:
                     self._templates[key] = template
-        elif (
-            len(headers) == 2
-            and type(attempt) is int
-            and type(headers.get(KEY)) is str
-            and due_ms >= _LONG_DUE
-            and message_id.isascii()
-            and len(message_id) <= SHORTSTR_MAX
-            and all(v is None or type(v) is str for v in carried.values())
-        ):
+        elif fits and len(headers) == 2 and type(headers.get(KEY)) is str:
             return self._keyed_bytes(message_id, headers, carried, due_ms, destination)
         if template is None:
             sent = {**headers, DUE_AT: due_ms, DESTINATION: destination}
