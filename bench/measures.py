@@ -38,10 +38,16 @@ import pika.frame
 import pika.spec
 
 from bench.common import DEFAULT_AMQP_URL, CpuMeter, broker_pid, idle_cpu_rate
-from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyManager, Worker
+from rmqdelay import AsyncPublisher, Publisher, Settings, TopologyManager, Worker, plan_delay
 
 BODY = b"x" * 100
+Delays = tuple[float, float] | None
+"""Request delays uniform in (low, high) seconds, or None for 0."""
 DEST = "bench"
+LONG: Delays = (600.0, 3600.0)
+"""Nothing moves during a run: the tiers only take messages in."""
+MID: Delays = (1.0, 600.0)
+"""Messages start to hop during the run, as a service's usual delays do."""
 SINGLE_SHARE = 5
 """The single-publish measures send count / SINGLE_SHARE messages: one round trip each."""
 
@@ -106,10 +112,23 @@ def _props() -> pika.BasicProperties:
     return pika.BasicProperties(delivery_mode=2, message_id=str(uuid.uuid4()))
 
 
-def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
-    """pika's asynchronous adapter (``SelectConnection``): publish while fewer than
-    ``window`` confirms are outstanding, the way a pipelining client does."""
-    name = _plain_queue()
+Message = tuple[str, str, bytes, pika.BasicProperties]
+"""exchange, routing key, body, properties: one basic.publish."""
+
+
+def _pika_pipelined(
+    url: str,
+    count: int,
+    window: int,
+    message: Callable[[int], Message],
+    declare: tuple[str, str] | None = None,
+    group: int = 0,
+) -> Run:
+    """pika's asynchronous adapter (``SelectConnection``): publish ``message(i)`` for i in
+    ``range(count)``, mandatory, while fewer than ``window`` confirms are outstanding, the
+    way a pipelining client does. ``declare``: a plain queue (name, type) declared first
+    and deleted after. ``group``: instead, publish ``group`` at a time, each group once
+    the previous one is confirmed (one call at a time, its messages confirmed together)."""
     pending: set[int] = set()
     failed: list[str] = []
     state = {"sent": 0, "done": False}
@@ -133,22 +152,30 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
         channel.add_on_close_callback(
             lambda ch, reason: give_up(connection, f"channel closed: {reason}")
         )
-        channel.queue_declare(
-            name,
-            durable=True,
-            arguments={"x-queue-type": queue_type},
-            callback=lambda _f: channel.confirm_delivery(
+
+        def confirms(_frame: object) -> None:
+            channel.confirm_delivery(
                 lambda frame: on_confirm(channel, frame), callback=lambda _f: start(channel)
-            ),
-        )
+            )
+
+        if declare is None:
+            confirms(None)
+        else:
+            channel.queue_declare(
+                declare[0], durable=True, arguments={"x-queue-type": declare[1]}, callback=confirms
+            )
 
     def start(channel: pika.channel.Channel) -> None:
         timed.__enter__()
         fill(channel)
 
     def fill(channel: pika.channel.Channel) -> None:
-        while state["sent"] < count and len(pending) < window:
-            channel.basic_publish("", name, BODY, _props(), mandatory=True)
+        if group and pending:
+            return
+        limit = group or window
+        while state["sent"] < count and len(pending) < limit:
+            exchange, key, body, properties = message(state["sent"])
+            channel.basic_publish(exchange, key, body, properties, mandatory=True)
             state["sent"] += 1
             pending.add(state["sent"])
 
@@ -163,7 +190,10 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
             return
         timed.__exit__()
         state["done"] = True
-        channel.queue_delete(name, callback=lambda _f: connection.close())
+        if declare is None:
+            connection.close()
+        else:
+            channel.queue_delete(declare[0], callback=lambda _f: connection.close())
 
     connection = pika.SelectConnection(
         _parameters(url),
@@ -177,6 +207,86 @@ def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
     if failed or state["sent"] < count:
         raise RuntimeError(f"raw pika: {failed[:1] or 'stopped early'}")
     return timed.run(count)
+
+
+def raw_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
+    """Pipelined confirms into one plain queue, the properties made as it goes."""
+    name = _plain_queue()
+    return _pika_pipelined(
+        url, count, window, lambda _i: ("", name, BODY, _props()), declare=(name, queue_type)
+    )
+
+
+def planned_messages(
+    settings: Settings, count: int, seed: int, delays: Delays, journal: bool
+) -> list[Message]:
+    """What rmqdelay sends for ``requests(count, seed, delays)``, built from public ground
+    (``rmqdelay.plan_delay`` and docs/protocol.md, sections 3 and 4): each message
+    planned into the tiers with its three headers, in due order as rmqdelay sends a
+    batch; then, with the journal on, its records (section 6), 500 to a stream message."""
+    layout, now_us = settings.layout, time.time_ns() // 1000
+    due_sorted = sorted(r["delay"] for r in requests(count, seed, delays))
+    messages: list[Message] = []
+    lines: list[bytes] = []
+    for delay in due_sorted:
+        delay_us = round(delay * 1e6)
+        due_ms = -(-(now_us + delay_us) // 1000)
+        plan = plan_delay(layout, delay_us, DEST)
+        message_id = str(uuid.uuid4())
+        headers = {"rmqdelay-due-at": due_ms, "rmqdelay-destination": DEST, "rmqdelay-attempt": 1}
+        properties = pika.BasicProperties(
+            delivery_mode=2,
+            message_id=message_id,
+            content_type="application/octet-stream",
+            headers=headers,
+        )
+        messages.append((plan.exchange, plan.publish_key, BODY, properties))
+        record = {"v": 1, "k": "scheduled", "id": message_id, "d": DEST, "due": due_ms}
+        record |= {"a": 1, "n": len(BODY), "t": now_us // 1000}
+        lines.append(json.dumps(record, separators=(",", ":")).encode())
+    if journal:
+        for start in range(0, len(lines), 500):
+            messages.append(_record_message(settings, lines[start : start + 500]))
+    return messages
+
+
+def _record_message(settings: Settings, lines: list[bytes]) -> Message:
+    """A journal write (docs/protocol.md, section 6) holding ``lines``."""
+    properties = pika.BasicProperties(
+        delivery_mode=2,
+        message_id=f"journal-{uuid.uuid4()}",
+        content_type="application/json",
+        type="rmqdelay-journal",
+    )
+    return (f"{settings.prefix}.schedule", "", b"\n".join(lines), properties)
+
+
+def raw_pika_tiers(
+    url: str, settings: Settings, count: int, window: int, delays: Delays, journal: bool
+) -> Run:
+    """Raw pika sending rmqdelay's own planned messages (and records), planned before the
+    clock starts, pipelined with the same window: the broker's and the raw client's share
+    of a ``publish_many``, without rmqdelay's own work."""
+    messages = planned_messages(settings, count, 2, delays, journal)
+    run = _pika_pipelined(url, len(messages), window, messages.__getitem__)
+    return Run(count, run.wall, run.cpu)
+
+
+def raw_pika_single_journal(url: str, settings: Settings, count: int) -> Run:
+    """Raw pika sending a planned message and its journal record per call, both
+    confirmed before the next call (pipelined within the call): the wire work of one
+    ``publish()`` with the journal on."""
+    planned = planned_messages(settings, count, 4, LONG, journal=False)
+    pairs: list[Message] = []
+    for exchange, key, body, properties in planned:
+        record = {"v": 1, "k": "scheduled", "id": properties.message_id, "d": DEST}
+        due = (properties.headers or {})["rmqdelay-due-at"]
+        record |= {"due": due, "a": 1, "n": len(body)}
+        record |= {"t": time.time_ns() // 1_000_000}
+        line = json.dumps(record, separators=(",", ":")).encode()
+        pairs += [(exchange, key, body, properties), _record_message(settings, [line])]
+    run = _pika_pipelined(url, len(pairs), 2, pairs.__getitem__, group=2)
+    return Run(count, run.wall, run.cpu)
 
 
 def raw_pika_single(url: str, count: int, queue_type: str) -> Run:
@@ -224,25 +334,26 @@ async def raw_aio_pika_many(url: str, count: int, window: int, queue_type: str) 
 # ---------------------------------------------------------------------- rmqdelay
 
 
-def requests(count: int, seed: int, delay: bool = True) -> list[dict[str, Any]]:
+def requests(count: int, seed: int, delays: Delays = LONG) -> list[dict[str, Any]]:
+    """Delays uniform in ``delays`` (seconds), or 0 for None."""
     rng = random.Random(seed)
     return [
-        {"destination": DEST, "body": BODY, "delay": rng.uniform(600, 3600) if delay else 0}
+        {"destination": DEST, "body": BODY, "delay": rng.uniform(*delays) if delays else 0}
         for _ in range(count)
     ]
 
 
-def sync_many(settings: Settings, count: int, window: int, delay: bool) -> Run:
+def sync_many(settings: Settings, count: int, window: int, delays: Delays) -> Run:
     with Publisher(settings, window=window) as publisher:
-        batch = requests(count, 2, delay)
+        batch = requests(count, 2, delays)
         with Timed() as t:
             publisher.publish_many(batch)
         return t.run(count)
 
 
-async def async_many(settings: Settings, count: int, window: int, delay: bool) -> Run:
+async def async_many(settings: Settings, count: int, window: int, delays: Delays) -> Run:
     async with AsyncPublisher(settings, window=window) as publisher:
-        batch = requests(count, 1, delay)
+        batch = requests(count, 1, delays)
         with Timed() as t:
             await publisher.publish_many(batch)
         return t.run(count)
@@ -251,7 +362,7 @@ async def async_many(settings: Settings, count: int, window: int, delay: bool) -
 def sync_single(settings: Settings, count: int) -> Run:
     """``publish()`` one message at a time: one confirm per call."""
     with Publisher(settings) as publisher:
-        batch = requests(count, 4)
+        batch = requests(count, 4, LONG)
         with Timed() as t:
             for request in batch:
                 publisher.publish(**request)
@@ -261,7 +372,7 @@ def sync_single(settings: Settings, count: int) -> Run:
 async def worker_drain(settings: Settings, count: int, concurrency: int, prefetch: int) -> Run:
     """``count`` messages already due in the work queue, drained by ``rmqdelay.Worker`` with
     a no-op async handler: timed from the first handled to the last (not the start-up)."""
-    await asyncio.to_thread(sync_many, settings, count, 2000, False)
+    await asyncio.to_thread(sync_many, settings, count, 2000, None)
     app = Worker(settings)
     handled: list[float] = []
     cpu: list[float] = []
@@ -296,6 +407,8 @@ class Spec:
     reference: str | None
     run: Measure
     unit: str = "msgs/s"
+    also: tuple[tuple[str, str], ...] = ()
+    """(suffix, reference): the figure again as ``key.suffix``, its ratio to that one."""
 
 
 @dataclass
@@ -321,12 +434,18 @@ def _thread(fn: Callable[..., Run], *args: Any) -> Awaitable[Run]:
     return asyncio.to_thread(fn, *args)
 
 
-def _sync(journal: bool, delay: bool) -> Measure:
-    return lambda b: _thread(sync_many, b.settings(journal), b.sizes.count, b.sizes.window, delay)
+def _sync(journal: bool, delays: Delays) -> Measure:
+    return lambda b: _thread(sync_many, b.settings(journal), b.sizes.count, b.sizes.window, delays)
 
 
-def _async(journal: bool, delay: bool) -> Measure:
-    return lambda b: async_many(b.settings(journal), b.sizes.count, b.sizes.window, delay)
+def _async(journal: bool, delays: Delays) -> Measure:
+    return lambda b: async_many(b.settings(journal), b.sizes.count, b.sizes.window, delays)
+
+
+def _tiers(delays: Delays) -> Measure:
+    return lambda b: _thread(
+        raw_pika_tiers, b.url, b.settings(), b.sizes.count, b.sizes.window, delays, True
+    )
 
 
 def _single(journal: bool) -> Measure:
@@ -339,6 +458,8 @@ def _drain(b: Bench) -> Awaitable[Run]:
 
 RAW_PIKA, RAW_AIO = "publish.raw.pika.many", "publish.raw.aiopika.many"
 RAW_SINGLE = "publish.raw.pika.single"
+RAW_TIERS_LONG, RAW_TIERS_MID = "publish.raw.pika.tiers.long", "publish.raw.pika.tiers.mid"
+RAW_SINGLE_JOURNAL = "publish.raw.pika.single.journal"
 SPECS: tuple[Spec, ...] = (
     Spec(
         RAW_PIKA,
@@ -352,22 +473,53 @@ SPECS: tuple[Spec, ...] = (
         None,
         lambda b: raw_aio_pika_many(b.url, b.sizes.count, b.sizes.window, b.queue_type),
     ),
-    Spec("publish.sync.many.long", "rmqdelay sync", RAW_PIKA, _sync(True, True)),
+    Spec(
+        RAW_TIERS_LONG,
+        "raw pika, rmqdelay's planned messages and records, delays 10 min to 1 h",
+        None,
+        _tiers(LONG),
+    ),
+    Spec(
+        RAW_TIERS_MID,
+        "raw pika, rmqdelay's planned messages and records, delays 1 s to 10 min",
+        None,
+        _tiers(MID),
+    ),
+    Spec(
+        "publish.sync.many.long",
+        "rmqdelay sync",
+        RAW_PIKA,
+        _sync(True, LONG),
+        also=(("own", RAW_TIERS_LONG),),
+    ),
+    Spec(
+        "publish.sync.many.mid",
+        "rmqdelay sync, delays 1 s to 10 min",
+        RAW_PIKA,
+        _sync(True, MID),
+        also=(("own", RAW_TIERS_MID),),
+    ),
     Spec(
         "publish.sync.many.long.nojournal",
         "rmqdelay sync, journal off",
         RAW_PIKA,
-        _sync(False, True),
+        _sync(False, LONG),
     ),
-    Spec("publish.sync.many.short", "rmqdelay sync, delay 0", RAW_PIKA, _sync(True, False)),
-    Spec("publish.async.many.long", "rmqdelay async", RAW_AIO, _async(True, True)),
+    Spec("publish.sync.many.short", "rmqdelay sync, delay 0", RAW_PIKA, _sync(True, None)),
+    Spec(
+        "publish.async.many.long",
+        "rmqdelay async",
+        RAW_AIO,
+        _async(True, LONG),
+        also=(("pika", RAW_PIKA),),
+    ),
     Spec(
         "publish.async.many.long.nojournal",
         "rmqdelay async, journal off",
         RAW_AIO,
-        _async(False, True),
+        _async(False, LONG),
     ),
-    Spec("publish.async.many.short", "rmqdelay async, delay 0", RAW_AIO, _async(True, False)),
+    Spec("publish.async.many.short", "rmqdelay async, delay 0", RAW_AIO, _async(True, None)),
     Spec(
         RAW_SINGLE,
         "raw pika, one confirm per publish",
@@ -375,7 +527,17 @@ SPECS: tuple[Spec, ...] = (
         lambda b: _thread(raw_pika_single, b.url, b.sizes.single, b.queue_type),
     ),
     Spec(
-        "publish.sync.single", "rmqdelay sync publish(), one at a time", RAW_SINGLE, _single(True)
+        RAW_SINGLE_JOURNAL,
+        "raw pika, a planned message and its record per call, both confirmed",
+        None,
+        lambda b: _thread(raw_pika_single_journal, b.url, b.settings(), b.sizes.single),
+    ),
+    Spec(
+        "publish.sync.single",
+        "rmqdelay sync publish(), one at a time",
+        RAW_SINGLE,
+        _single(True),
+        also=(("own", RAW_SINGLE_JOURNAL),),
     ),
     Spec(
         "publish.sync.single.nojournal",
@@ -449,6 +611,14 @@ async def run(
             ref = figures[spec.reference]["value"]
             figures[spec.key]["to"] = spec.reference
             figures[spec.key]["ratio"] = round(figures[spec.key]["value"] / ref, 3)
+        for suffix, reference in spec.also:
+            if spec.key in figures and reference in figures:
+                ratio = figures[spec.key]["value"] / figures[reference]["value"]
+                figures[f"{spec.key}.{suffix}"] = {
+                    **figures[spec.key],
+                    "ratio": round(ratio, 3),
+                    "to": reference,
+                }
     return figures
 
 
