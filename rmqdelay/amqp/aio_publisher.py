@@ -39,6 +39,8 @@ T = TypeVar("T")
 _CHUNK = 128
 """At most this many messages per write (and a quarter of the window): a write as soon
 as a chunk's room is free keeps the broker busy while the client encodes the next."""
+_IDLE_CHANNELS = 3
+"""A batch gives up after this many channels closed before it could write to them."""
 _LOST = (
     aiormq.exceptions.ChannelInvalidStateError,
     aiormq.exceptions.ConnectionClosed,
@@ -291,6 +293,7 @@ class AsyncPublisher(
         if len(batch) == 1:  # no window for a lone message
             return [await self._outcome(batch[0])]
         outcomes: list[Outcome] = []
+        idle = 0  # channels in a row that closed before anything was written
         while len(outcomes) < len(batch):
             rest = batch[len(outcomes) :]
             channel = await self._confirm_channel()
@@ -301,9 +304,15 @@ class AsyncPublisher(
                 continue
             done, stopped = await self._send_sliding(underlay, rest)
             outcomes += done
-            if stopped is not None or not done:  # no confirms: sending more is no use
-                why = stopped or "the channel closed before anything was sent"
-                outcomes += [self.core.not_sent(p.message_id, why) for p in rest[len(done) :]]
+            if stopped is None and len(done) < len(rest):  # the channel closed: a new one
+                if self._channel is channel:
+                    self._channel = None
+                idle = 0 if done else idle + 1
+                if idle < _IDLE_CHANNELS:
+                    continue
+                stopped = f"{idle} channels in a row closed before anything was sent"
+            if stopped is not None:  # no confirms: sending more is no use
+                outcomes += [self.core.not_sent(p.message_id, stopped) for p in rest[len(done) :]]
         return outcomes
 
     async def _send_sliding(
@@ -334,7 +343,8 @@ class AsyncPublisher(
                     continue
                 start = len(outs)
                 chunk = [self.core.finalize(p) for p in batch[start : start + wanted]]
-                await aiormq_private.write_window(underlay, book, chunk)
+                if not await aiormq_private.write_window(underlay, book, chunk):
+                    break
                 outs += chunk
             if book.closed is None:
                 await book.wait(0, timeout)
@@ -357,10 +367,7 @@ class AsyncPublisher(
             elif isinstance(value, BaseException):
                 outcomes.append(self._failure(out, value))
             elif book.closed is not None:
-                failure = self._failure(out, book.closed)
-                if not isinstance(failure, PublishError):  # closed by us: CancelledError
-                    failure = self.core.unconfirmed(out.message_id, repr(book.closed))
-                outcomes.append(failure)
+                outcomes.append(self._closed_failure(out, book.closed))
             elif lost is not None:
                 outcomes.append(self.core.unconfirmed(out.message_id, lost))
             else:
@@ -392,6 +399,13 @@ class AsyncPublisher(
             raise self._failure(out, exc) from None
         return PublishResult.of(out)
 
+    def _closed_failure(self, out: Outgoing, closed: BaseException) -> BaseException:
+        """What the close of its channel means for a message written and unconfirmed."""
+        failure = self._failure(out, closed)
+        if not isinstance(failure, PublishError):  # closed by us: a CancelledError
+            return self.core.unconfirmed(out.message_id, repr(closed))
+        return failure
+
     def _failure(self, out: Outgoing, exc: BaseException) -> BaseException:
         """What a failed publish of ``out`` means, from what aiormq raised."""
         if isinstance(exc, aiormq.exceptions.PublishError):
@@ -401,7 +415,10 @@ class AsyncPublisher(
                 return self.core.nacked(out)
             return PublishError(f"message {out.message_id} was not confirmed: {exc}")
         if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-            return self.core.no_exchange(out, str(exc.args[-1] if exc.args else exc))
+            detail = str(exc.args[-1] if exc.args else exc)
+            if f"'{out.exchange}'" not in detail:  # another message's missing exchange
+                return self.core.unconfirmed(out.message_id, detail)
+            return self.core.no_exchange(out, detail)
         if isinstance(exc, _LOST):
             self._lost = exc
             return self.core.unconfirmed(out.message_id, exc)

@@ -46,7 +46,14 @@ log = logging.getLogger("rmqdelay.publisher")
 AIORMQ_BOUNDS = ((6, 8), (8,))
 """The aiormq versions whose books this module knows: >= 6.8, < 8 (as pyproject.toml)."""
 
-_BOOKS = ("confirmations", "message_id_delivery_tag", "delivery_tag", "write_queue", "lock")
+_BOOKS = (
+    "confirmations",
+    "message_id_delivery_tag",
+    "delivery_tag",
+    "write_queue",
+    "lock",
+    "is_closed",
+)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -230,10 +237,24 @@ class Confirms:
             self._sentinel.set_result(None)
 
 
-async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) -> None:
+def _closing(underlay: Any, book: Confirms) -> bool:
+    """Whether the channel is closed or closing, as aiormq knows right now: the broker's
+    Channel.Close is answered (CloseOk queued) before the channel's futures learn of it,
+    and a publish written after that CloseOk closes the whole connection ("expected
+    'channel.open'"). Then nothing is written and ``book.closed`` says why."""
+    reason = getattr(underlay, "_close_exception", None)
+    if reason is None and underlay.is_closed:
+        reason = aiormq.exceptions.ChannelInvalidStateError("the channel is closed")
+    if reason is not None and book.closed is None:
+        book.closed = reason
+    return book.closed is not None
+
+
+async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) -> bool:
     """Write ``outs`` as one write of frames, each message with its slot in the
     channel's books (:class:`Confirms`), under the channel's lock, as
-    ``aiormq.Channel.basic_publish`` does for one.
+    ``aiormq.Channel.basic_publish`` does for one. False when the channel is closing:
+    nothing was written (``book.closed`` says why).
 
     aiormq spends, per publish, a lock, a timeout scope, a frame object each and a
     write: on the publish path that was most of the client's time (bench/README.md).
@@ -254,9 +275,15 @@ async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) 
                 for out in outs
             ]
         )
+        frame = ChannelFrame(payload=payload, should_close=False)
+        if _closing(underlay, book):
+            return False
         # queued first: the writer cannot send it, nor a confirm come, before the
         # books below are written, as nothing here awaits after the put
-        await underlay.write_queue.put(ChannelFrame(payload=payload, should_close=False))
+        await underlay.write_queue.put(frame)
+        if _closing(underlay, book):  # while it waited for room: take the bytes back
+            object.__setattr__(frame, "payload", b"")  # still queued: nothing is sent
+            return False
         chunk = book._sent(len(outs))
         confirmations, ids, slots = underlay.confirmations, underlay.message_id_delivery_tag, []
         for tag, out in enumerate(outs, first):
@@ -266,3 +293,4 @@ async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) 
             slots.append(slot)
         book.slots += slots
         underlay.delivery_tag = first + len(outs) - 1
+    return True

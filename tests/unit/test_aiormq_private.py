@@ -105,6 +105,7 @@ def _channel(**changes: Any) -> Any:
         "delivery_tag": 0,
         "write_queue": asyncio.Queue(),
         "lock": asyncio.Lock(),
+        "is_closed": False,
         "number": 3,
         "connection": SimpleNamespace(connection_tune=SimpleNamespace(frame_max=4096)),
         "create_future": lambda: asyncio.get_running_loop().create_future(),
@@ -178,7 +179,7 @@ async def test_a_window_is_one_write_with_a_slot_per_message_in_the_books() -> N
     channel = _channel(delivery_tag=4)
     book = aiormq_private.Confirms(channel)
     outs = _outs("m0", "m1", "m2")
-    await aiormq_private.write_window(channel, book, outs)
+    assert await aiormq_private.write_window(channel, book, outs)
     frame = channel.write_queue.get_nowait()
     assert channel.write_queue.empty()
     assert frame.payload == b"".join(
@@ -252,3 +253,33 @@ async def test_a_closing_channel_ends_the_wait_with_its_reason() -> None:
     assert book.closed is reason
     book.finish()
     assert book.slots[0].value is aiormq_private.DROPPED
+
+
+async def test_nothing_is_written_to_a_channel_the_broker_is_closing() -> None:
+    """aiormq answers the broker's Channel.Close before the channel's futures learn of
+    it: a publish after that answer would close the whole connection."""
+    reason = aiormq.exceptions.ChannelNotFoundEntity(404, "NOT_FOUND - no exchange 'x'")
+    channel = _channel(_close_exception=reason)
+    book = aiormq_private.Confirms(channel)
+    assert not await aiormq_private.write_window(channel, book, _outs("a"))
+    assert channel.write_queue.empty() and channel.confirmations == {}
+    assert book.closed is reason and book.slots == [] and channel.delivery_tag == 0
+    closed = _channel(is_closed=True)
+    book = aiormq_private.Confirms(closed)
+    await aiormq_private.write_window(closed, book, _outs("a"))
+    assert closed.write_queue.empty()
+    assert isinstance(book.closed, aiormq.exceptions.ChannelInvalidStateError)
+
+
+async def test_frames_queued_while_the_channel_closed_are_taken_back() -> None:
+    channel = _channel(write_queue=asyncio.Queue(maxsize=1))
+    channel.write_queue.put_nowait("earlier")
+    book = aiormq_private.Confirms(channel)
+    writing = asyncio.ensure_future(aiormq_private.write_window(channel, book, _outs("a")))
+    await asyncio.sleep(0)
+    assert not writing.done(), "it waits for room in the write queue"
+    channel._close_exception = reason = aiormq.exceptions.ChannelClosed(406, "PRECONDITION")
+    assert channel.write_queue.get_nowait() == "earlier"
+    assert await writing is False
+    assert channel.write_queue.get_nowait().payload == b""
+    assert book.closed is reason and book.slots == [] and channel.confirmations == {}
