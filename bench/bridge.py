@@ -61,7 +61,7 @@ from bench.common import (
     now_ms,
     proc_cpu_seconds,
 )
-from bench.measures import sync_many
+from bench.measures import LONG, sync_many
 from bench.peers._amqp import AmqpPeer, make_message
 from bench.peers.base import Item, run_windowed, unique_prefix
 from bench.peers.rmqdelay_peer import RmqdelayPeer
@@ -280,7 +280,7 @@ def carry_once(topology: Topology, count: int, seed: int) -> dict[str, Any]:
 
 
 def publish_once(topology: Topology, count: int) -> dict[str, Any]:
-    run = sync_many(topology.settings, count, WINDOW, True)
+    run = sync_many(topology.settings, count, WINDOW, LONG)
     return {"count": count, "wall_s": round(run.wall, 3), "rate": round(run.rate, 1)}
 
 

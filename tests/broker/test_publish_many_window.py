@@ -49,7 +49,7 @@ def _drain(amqp_url: str, queue: str) -> list[str]:
     ids: list[str] = []
     while True:
         method, properties, _body = channel.basic_get(queue, auto_ack=True)
-        if method is None:
+        if method is None or properties is None:
             break
         ids.append(str(properties.message_id))
     connection.close()

@@ -242,7 +242,12 @@ async def test_a_closing_channel_ends_the_wait_with_its_reason() -> None:
     channel = _channel()
     store: list[asyncio.Future[Any]] = []
     loop = asyncio.get_running_loop()
-    channel.create_future = lambda: store.append(loop.create_future()) or store[-1]
+
+    def create_future() -> asyncio.Future[Any]:
+        store.append(loop.create_future())
+        return store[-1]
+
+    channel.create_future = create_future
     book = aiormq_private.Confirms(channel)
     await aiormq_private.write_window(channel, book, _outs("a"))
     waiting = asyncio.ensure_future(book.wait(0, timeout=3600))
