@@ -111,7 +111,11 @@ def _channel(**changes: Any) -> Any:
         "create_future": lambda: asyncio.get_running_loop().create_future(),
     }
     books.update(changes)
-    return SimpleNamespace(**{k: v for k, v in books.items() if v is not _GONE})
+    channel: Any = SimpleNamespace(**{k: v for k, v in books.items() if v is not _GONE})
+    # aiormq's own confirm handling, run on these books
+    channel._confirm_delivery = functools.partial(aiormq.Channel._confirm_delivery, channel)
+    channel._on_confirm_frame = functools.partial(aiormq.Channel._on_confirm_frame, channel)
+    return channel
 
 
 _GONE = object()
@@ -162,13 +166,11 @@ def _outs(*ids: str) -> list[Any]:
 
 
 def _aiormq_confirms(channel: Any) -> Any:
-    """aiormq's own confirm handling (``Channel._on_confirm_frame``, ``_confirm_delivery``)
-    run on the fake channel's books: what reaches a slot is what aiormq does."""
+    """The channel's confirm frame handler, as aiormq's reader calls it."""
     channel.loop = asyncio.get_running_loop()
-    channel._confirm_delivery = functools.partial(aiormq.Channel._confirm_delivery, channel)
 
     async def on_frame(frame: Any) -> None:
-        await aiormq.Channel._on_confirm_frame(channel, frame)
+        await channel._on_confirm_frame(frame)
         for _ in range(3):  # aiormq settles a multiple ack in call_soon callbacks
             await asyncio.sleep(0)
 
@@ -288,3 +290,19 @@ async def test_frames_queued_while_the_channel_closed_are_taken_back() -> None:
     assert await writing is False
     assert channel.write_queue.get_nowait().payload == b""
     assert book.closed is reason and book.slots == [] and channel.confirmations == {}
+
+
+async def test_a_multiple_ack_is_settled_as_it_is_read() -> None:
+    """No call_soon per message (aiormq's way): ``loop`` is not even there to use."""
+    channel = _channel()
+    book = aiormq_private.Confirms(channel)
+    assert await aiormq_private.write_window(channel, book, _outs("a", "b", "c"))
+    channel.loop = None
+    await channel._on_confirm_frame(Basic.Ack(delivery_tag=2, multiple=True))
+    assert [s.value for s in book.slots] == [True, True, None]
+    assert list(channel.confirmations) == [3] and book.outstanding == 1
+    installed = channel._on_confirm_frame
+    aiormq_private.Confirms(channel)  # installed once per channel, not wrapped again
+    assert channel._on_confirm_frame is installed
+    await channel._on_confirm_frame(Basic.Ack(delivery_tag=3, multiple=True))
+    assert [s.value for s in book.slots] == [True, True, True]
