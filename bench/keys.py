@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("publish", "startup", "list", "e2e", "radix", "peers", "seeds", "scale", "engine43")
+WORKLOADS = ("publish", "startup", "list", "e2e", "radix", "hops", "peers", "seeds", "scale", "engine43")
 Figure = dict[str, Any]
 Figures = dict[str, Figure]
 
@@ -150,6 +150,42 @@ def from_radix(r: dict[str, Any]) -> Figures:
             ratio=ratios.get("saturation_delivered_per_s"),
             to="radix.r16.saturation",
         )
+    return out
+
+
+def from_hops(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    """The default layout at 500 due/s for 60 s against the plain queue and the broker alone
+    doing 1 and 3 hops (``hops.floor``: plain + mean hops x one hop's cost)."""
+    out: Figures = {
+        "hops.rate": fig(params.get("rate"), "msgs/s"),
+        "hops.duration": fig(params.get("duration_s"), "s"),
+        "hops.rounds": fig(params.get("rounds")),
+    }
+    for name, c in r["configs"].items():
+        key = f"hops.{name}"
+        cpu = c.get("cpu_us_per_msg") or {}
+        out[f"{key}.cpu"] = fig(
+            cpu.get("broker_net"),
+            "µs/msg",
+            ratio=c.get("broker_cpu_ratio_to_plain"),
+            to="hops.plain.cpu",
+            runs=[_get(run, "cpu", "broker_net_us_per_msg") for run in c.get("all_runs", [])],
+        )
+        _lateness(out, key, c, c.get("ratio_to_plain_latency") or {})
+        out[f"{key}.early"] = fig(c.get("early_total"))
+        out[f"{key}.missing"] = fig(c.get("missing_total"))
+        out[f"{key}.delivered"] = fig(c.get("delivered_per_s"), "msgs/s")
+        if name == "rmqdelay":
+            out[f"{key}.hops"] = fig(c.get("mean_hops"), "hops")
+    floor = r.get("floor") or {}
+    out["hops.floor.cpu"] = fig(
+        floor.get("broker_us_per_msg"),
+        "µs/msg",
+        ratio=floor.get("ratio_to_plain"),
+        to="hops.plain.cpu",
+        text=floor.get("how"),
+    )
+    out["hops.floor.per_hop"] = fig(floor.get("per_hop_us"), "µs/hop")
     return out
 
 
@@ -358,6 +394,7 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "list": lambda doc: from_list(doc["results"], doc["params"]),
     "e2e": lambda doc: from_e2e(doc["results"], doc["params"]),
     "radix": lambda doc: from_radix(doc["results"]),
+    "hops": lambda doc: from_hops(doc["results"], doc["params"]),
     "peers": lambda doc: from_peers(doc["results"], doc["params"]),
     "seeds": lambda doc: from_seeds(doc["results"]),
     "scale": lambda doc: from_scale(doc["results"]),

@@ -18,6 +18,9 @@ e2e       messages due at a steady 200/500/1000 per second (delays mixed), drain
 seeds     5, 4, 3, 2, 1 s published in that order, for every design.
 radix     radix 2, 4, 8, 16 and radix 16 with a named 15-min tier on the e2e workload at
           500/s, plus a saturation run each; planned hops for the workload and for 15 min.
+hops      the default layout at 500 due/s for 60 s: broker CPU per delivered message and
+          lateness against the plain queue's, and the broker alone doing 1 and 3 TTL
+          dead-letter hops between quorum queues (no rmqdelay), the floor of any tier design.
 peers     every design side by side: confirmed publish rate, the steady workload at 500/s
           (the lateness CDF), and the extras (Redis kill -9 loss, dramatiq-style memory).
 scale     1,000,000 pending delayed messages (see :mod:`bench.scale`).
@@ -68,7 +71,7 @@ from bench.scenarios_peers import (
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ENGINE43_QUICK = ("--rates", "50,250", "--duration", "5", "--repeats", "1", "--memory", "10000")
-WORKLOADS = ("startup", "list", "publish", "e2e", "radix", "peers", "seeds", "scale", "engine43")
+WORKLOADS = ("startup", "list", "publish", "e2e", "radix", "hops", "peers", "seeds", "scale", "engine43")
 
 
 @dataclass
@@ -99,6 +102,13 @@ class SuiteSizes:
     named_tier: str = "15m"
     radix_rate: float = 500.0
     radix_saturation_repeats: int = 1
+    # hops: broker CPU and lateness at the default layout against the plain queue and the
+    # broker alone doing 1 and 3 TTL hops (the floor), configs alternating in each round
+    hops_rate: float = 500.0
+    hops_duration_s: float = 60.0
+    hops_repeats: int = 2
+    hops_chain: tuple[int, ...] = (1, 3)
+    hops_chain_delay_ms: int = 2500
     # peers
     peers: tuple[str, ...] = tuple(n for n in PEER_NAMES if n != "rmqdelay-sync")
     peer_rate: float = 500.0
@@ -133,6 +143,8 @@ class SuiteSizes:
             saturation_duration_s=2.0,
             limit_n=1000,
             radixes=(2, 16),
+            hops_duration_s=10.0,
+            hops_repeats=1,
             peer_repeats=1,
             peer_n_publish=300,
             peer_warmup=50,
@@ -681,12 +693,109 @@ async def workload_list(suite: Suite) -> None:
         raise RuntimeError("bench.scheduled_list failed")
 
 
+async def workload_hops(suite: Suite) -> None:
+    """Broker CPU per delivered message and lateness at the default layout, against the
+    plain queue and the broker alone doing the hops (:class:`bench.peers.hopchain.HopChainPeer`).
+
+    Each round runs every config once (plain, the chains, rmqdelay), so the machine's drift
+    hits all of them; medians over the rounds. The chains' CPU per message is a line in the
+    hop count: its slope is one TTL dead-letter hop, and plain + rmqdelay's mean hops x that
+    slope is the floor any TTL-tier design pays on this broker (the physical limit).
+    """
+    from bench.peers.hopchain import HopChainPeer
+    from bench.peers.plain import PlainPeer
+
+    s = suite.sizes
+    delayed = s.steady_sizes(s.hops_rate, s.hops_duration_s)
+    fixed = s.steady_sizes(
+        s.hops_rate,
+        s.hops_duration_s,
+        min_delay_ms=s.hops_chain_delay_ms,
+        max_delay_ms=s.hops_chain_delay_ms,
+    )
+    plain_sizes = s.steady_sizes(s.hops_rate, s.hops_duration_s, min_delay_ms=0, max_delay_ms=0)
+    configs: list[tuple[str, Callable[[], Peer], Sizes]] = [
+        ("plain", lambda: PlainPeer(suite.url, s.queue_type), plain_sizes)
+    ]
+    for k in s.hops_chain:
+        configs.append(
+            (
+                f"chain{k}",
+                lambda k=k: HopChainPeer(  # type: ignore[misc]
+                    suite.url, s.queue_type, hops=k, delay_ms=s.hops_chain_delay_ms
+                ),
+                fixed,
+            )
+        )
+    configs.append(("rmqdelay", lambda: _rmq(suite), delayed))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
+    pooled: dict[str, list[Record]] = {name: [] for name, _, _ in configs}
+    descriptions: dict[str, str] = {}
+    for k in range(s.hops_repeats):
+        for name, factory, sizes in configs:
+            _say(f"hops: {name} at {s.hops_rate:g}/s for {s.hops_duration_s:g} s, round {k + 1}")
+
+            async def body(peer: Peer, sizes: Sizes = sizes, k: int = k, name: str = name) -> None:
+                descriptions[peer.name] = peer.description
+                summary, records = await steady_repeats(
+                    peer, replace(sizes, seed=sizes.seed + k), 1, f"hp{k}-"
+                )
+                runs[name].append(summary["all_runs"][0])
+                pooled[name].extend(records)
+
+            await with_peer(factory, body)
+    results: dict[str, Any] = {"configs": {}, "descriptions": descriptions}
+    for name, rows in runs.items():
+        entry = _fold(rows)
+        entry["pooled"] = lateness_stats(pooled[name], expected=sum(r["n"] for r in rows)).to_dict()
+        results["configs"][name] = entry
+    plain = results["configs"]["plain"]
+    plain_cpu = plain["cpu_us_per_msg"].get("broker_net")
+    for entry in results["configs"].values():
+        entry["broker_cpu_ratio_to_plain"] = _ratio(
+            entry["cpu_us_per_msg"].get("broker_net"), plain_cpu
+        )
+        entry["ratio_to_plain_latency"] = {
+            q: _ratio(entry[q], plain[q]) for q in ("p50_ms", "p99_ms", "max_ms")
+        }
+    chain = sorted(
+        (k, results["configs"][f"chain{k}"]["cpu_us_per_msg"].get("broker_net"))
+        for k in s.hops_chain
+    )
+    rmq = results["configs"]["rmqdelay"]
+    if len(chain) >= 2 and all(c is not None for _, c in chain) and plain_cpu:
+        (k0, c0), (k1, c1) = chain[0], chain[-1]
+        per_hop = (c1 - c0) / (k1 - k0)
+        hops = rmq.get("mean_hops") or 0.0
+        floor = c0 + (hops - k0) * per_hop
+        results["floor"] = {
+            "per_hop_us": round(per_hop, 1),
+            "mean_hops": hops,
+            "broker_us_per_msg": round(floor, 1),
+            "ratio_to_plain": _ratio(floor, plain_cpu),
+            "how": f"chain{k0} + (mean hops - {k0}) x (chain{k1} - chain{k0}) / {k1 - k0}",
+        }
+    params = {
+        "rate": s.hops_rate,
+        "duration_s": s.hops_duration_s,
+        "rounds": s.hops_repeats,
+        "delays_ms": [s.min_delay_ms, s.max_delay_ms],
+        "chain_hops": list(s.hops_chain),
+        "chain_delay_ms": s.hops_chain_delay_ms,
+        "layout": "the default (radix 16, resolution 10 ms, quorum, journal on)",
+        "worker_concurrency": s.worker_concurrency,
+        "worker_prefetch": s.worker_prefetch,
+    }
+    suite.write("hops", params, results)
+
+
 WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "startup": workload_startup,
     "list": workload_list,
     "publish": workload_publish,
     "e2e": workload_e2e,
     "radix": workload_radix,
+    "hops": workload_hops,
     "peers": workload_peers,
     "seeds": workload_seeds,
     "scale": workload_scale,
@@ -710,6 +819,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scale-messages", type=int, help="pending messages; 0 skips scale")
     p.add_argument("--scale-publisher", choices=("sync", "async"))
     p.add_argument("--rates", help="e2e rates per second, comma list (default 200,500,1000)")
+    p.add_argument("--hops-rounds", type=int, help="rounds of the hops workload (default 2)")
+    p.add_argument("--hops-duration", type=float, help="seconds per hops run (default 60)")
     p.add_argument("--peers", help=f"designs for seeds/peers (default all): {','.join(PEER_NAMES)}")
     p.add_argument("--worker", choices=("subprocess", "inproc"), help="where the Worker runs")
     p.add_argument("--url", default=DEFAULT_AMQP_URL, help="AMQP URL (env: BENCH_AMQP_URL)")
@@ -737,6 +848,10 @@ def sizes_from(args: argparse.Namespace) -> SuiteSizes:
         sizes.peers = names
     if args.worker:
         sizes.worker = args.worker
+    if args.hops_rounds is not None:
+        sizes.hops_repeats = args.hops_rounds
+    if args.hops_duration is not None:
+        sizes.hops_duration_s = args.hops_duration
     return sizes
 
 

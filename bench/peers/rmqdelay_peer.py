@@ -81,6 +81,7 @@ class RmqdelayPeer:
         body_bytes: int = 100,
         worker_log_level: str = "WARNING",
         label: str | None = None,
+        journal: bool = True,
     ) -> None:
         if publisher not in PUBLISHERS:
             raise ValueError(f"publisher must be one of {PUBLISHERS}")
@@ -98,6 +99,7 @@ class RmqdelayPeer:
             "queue_type": queue_type,
             "destinations": [],
             "connection_name": self.prefix,
+            "schedule_journal": journal,
         }
         self.settings = Settings(**self.settings_kwargs)  # validates now; creates nothing
         self.radix, self.resolution_ms = radix, resolution_ms
