@@ -1,8 +1,8 @@
 """The benchmark suite: every workload of issue 4, one JSON file each, then plots and README.
 
-    python -m bench                          # the full suite (~25 min with 1M pending)
+    python -m bench                          # the full suite (~35 min with 1M pending)
     python -m bench --quick                  # small sizes, results in bench/results/quick/
-    python -m bench --only publish,e2e       # some workloads (publish e2e seeds radix peers scale)
+    python -m bench --only publish,e2e       # some workloads (publish e2e seeds radix hops peers scale)
     python -m bench --scale-messages 0       # skip the scale workload
     python -m bench report                   # plots + README section from the JSON files
 
@@ -699,8 +699,9 @@ async def workload_hops(suite: Suite) -> None:
 
     Each round runs every config once (plain, the chains, rmqdelay), so the machine's drift
     hits all of them; medians over the rounds. The chains' CPU per message is a line in the
-    hop count: its slope is one TTL dead-letter hop, and plain + rmqdelay's mean hops x that
-    slope is the floor any TTL-tier design pays on this broker (the physical limit).
+    hop count: its slope is one TTL dead-letter hop, and the 1-hop chain + (rmqdelay's mean
+    hops - 1) x that slope is the floor any TTL-tier design with those hops pays on this
+    broker, every hop through one queue (the physical limit).
     """
     from bench.peers.hopchain import HopChainPeer
     from bench.peers.plain import PlainPeer

@@ -115,7 +115,8 @@ class RmqdelayPeer:
         )
         self.description = (
             f"rmqdelay {_version()} (this project): radix {radix}{named}, resolution "
-            f"{format_ms(resolution_ms)}, {queue_type} tier queues "
+            f"{format_ms(resolution_ms)}, {queue_type} tier queues, journal "
+            f"{'on' if journal else 'off'} "
             f"({len(self.settings_layout().tiers)} tiers, {len(self.settings_layout().positions)} "
             f"positions), topology applied by rmqdelay.TopologyManager. Published with "
             + (
