@@ -2,7 +2,7 @@
 
     python -m bench                          # the full suite (~35 min with 1M pending)
     python -m bench --quick                  # small sizes, results in bench/results/quick/
-    python -m bench --only publish,e2e       # some workloads (publish e2e seeds radix hops peers scale)
+    python -m bench --only publish,e2e       # some workloads (see WORKLOADS below)
     python -m bench --scale-messages 0       # skip the scale workload
     python -m bench report                   # plots + README section from the JSON files
 
