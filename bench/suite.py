@@ -109,6 +109,8 @@ class SuiteSizes:
     hops_repeats: int = 2
     hops_chain: tuple[int, ...] = (1, 3)
     hops_chain_delay_ms: int = 2500
+    hops_spread: int = 0
+    """> 0: also the 1-hop chain spread over this many queues (rmqdelay's spread, measured)."""
     # peers
     peers: tuple[str, ...] = tuple(n for n in PEER_NAMES if n != "rmqdelay-sync")
     peer_rate: float = 500.0
@@ -728,6 +730,20 @@ async def workload_hops(suite: Suite) -> None:
                 fixed,
             )
         )
+    if s.hops_spread > 1:
+        configs.append(
+            (
+                f"chain1s{s.hops_spread}",
+                lambda: HopChainPeer(
+                    suite.url,
+                    s.queue_type,
+                    hops=1,
+                    delay_ms=s.hops_chain_delay_ms,
+                    spread=s.hops_spread,
+                ),
+                fixed,
+            )
+        )
     configs.append(("rmqdelay", lambda: _rmq(suite), delayed))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
     pooled: dict[str, list[Record]] = {name: [] for name, _, _ in configs}
@@ -783,6 +799,7 @@ async def workload_hops(suite: Suite) -> None:
         "delays_ms": [s.min_delay_ms, s.max_delay_ms],
         "chain_hops": list(s.hops_chain),
         "chain_delay_ms": s.hops_chain_delay_ms,
+        "spread": s.hops_spread,
         "layout": "the default (radix 16, resolution 10 ms, quorum, journal on)",
         "worker_concurrency": s.worker_concurrency,
         "worker_prefetch": s.worker_prefetch,
@@ -822,6 +839,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rates", help="e2e rates per second, comma list (default 200,500,1000)")
     p.add_argument("--hops-rounds", type=int, help="rounds of the hops workload (default 2)")
     p.add_argument("--hops-duration", type=float, help="seconds per hops run (default 60)")
+    p.add_argument(
+        "--hops-spread", type=int, help="hops: also 1 hop spread over N queues (default off)"
+    )
     p.add_argument("--peers", help=f"designs for seeds/peers (default all): {','.join(PEER_NAMES)}")
     p.add_argument("--worker", choices=("subprocess", "inproc"), help="where the Worker runs")
     p.add_argument("--url", default=DEFAULT_AMQP_URL, help="AMQP URL (env: BENCH_AMQP_URL)")
@@ -853,6 +873,8 @@ def sizes_from(args: argparse.Namespace) -> SuiteSizes:
         sizes.hops_repeats = args.hops_rounds
     if args.hops_duration is not None:
         sizes.hops_duration_s = args.hops_duration
+    if args.hops_spread is not None:
+        sizes.hops_spread = args.hops_spread
     return sizes
 
 
