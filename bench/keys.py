@@ -19,7 +19,18 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = ("publish", "startup", "list", "e2e", "radix", "hops", "peers", "seeds", "scale", "engine43")
+WORKLOADS = (
+    "publish",
+    "startup",
+    "list",
+    "e2e",
+    "radix",
+    "hops",
+    "peers",
+    "seeds",
+    "scale",
+    "engine43",
+)
 Figure = dict[str, Any]
 Figures = dict[str, Figure]
 

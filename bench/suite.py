@@ -71,7 +71,18 @@ from bench.scenarios_peers import (
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ENGINE43_QUICK = ("--rates", "50,250", "--duration", "5", "--repeats", "1", "--memory", "10000")
-WORKLOADS = ("startup", "list", "publish", "e2e", "radix", "hops", "peers", "seeds", "scale", "engine43")
+WORKLOADS = (
+    "startup",
+    "list",
+    "publish",
+    "e2e",
+    "radix",
+    "hops",
+    "peers",
+    "seeds",
+    "scale",
+    "engine43",
+)
 
 
 @dataclass
