@@ -31,6 +31,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
 from .layout import Layout
+from .messages import CARRIED
 
 if TYPE_CHECKING:
     from .keys import KeyBook, Move
@@ -105,6 +106,10 @@ class JournalRecord:
     headers: Mapping[str, Any] = field(default_factory=dict)
     recorded_at_ms: int = 0
     body: bytes | None = None
+    properties: Mapping[str, Any] = field(default_factory=dict)
+    """With the body (``journal_bodies``): the AMQP properties it was published with
+    (content type and the others a message carries), so a copy made from the record is
+    the same message."""
     cancels_due_ms: tuple[int, ...] = ()
     key: str | None = None
     """A keyed message's key (``scheduled``, ``claimed``, ``done``, ``rescheduled``)."""
@@ -142,6 +147,17 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _properties(value: Any) -> dict[str, Any]:
+    """A record's ``p``: the carried properties it names, of the types AMQP gives them."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        k: v
+        for k, v in value.items()
+        if k in CARRIED and (isinstance(v, str) or (k == "priority" and type(v) is int))
+    }
+
+
 def encode_record(record: JournalRecord) -> bytes:
     """A compact JSON line; short keys keep a record near 150 bytes without headers."""
     data: dict[str, Any] = {"v": _VERSION, "k": record.kind, "id": record.message_id}
@@ -167,6 +183,8 @@ def encode_record(record: JournalRecord) -> bytes:
     data["t"] = record.recorded_at_ms
     if record.body is not None:
         data["b"] = base64.b64encode(record.body).decode()
+        if record.properties:
+            data["p"] = dict(record.properties)
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -239,6 +257,7 @@ def _record_of(data: Any) -> JournalRecord | None:
             headers=dict(data.get("h", {})),
             recorded_at_ms=int(data.get("t", 0)),
             body=base64.b64decode(body) if isinstance(body, str) else None,
+            properties=_properties(data.get("p")),
             cancels_due_ms=tuple(int(due) for due in data.get("c", ())),
             key=None if key is None else str(key),
             on_conflict=mode if mode in ("ignore", "replace") else None,

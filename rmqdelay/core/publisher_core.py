@@ -400,6 +400,7 @@ class PublisherCore:
                 delay=timedelta(milliseconds=max(0, new_due_ms - clock.now_ms())),
                 headers=headers,
                 message_id=fresh.message_id,
+                **cast(MessageProperties, fresh.properties),
             )
             (outcome,) = yield from self._send([prepared])
             if isinstance(outcome, BaseException):
@@ -545,6 +546,7 @@ class PublisherCore:
                 headers={k: v for k, v in p.headers.items() if k not in _NOT_RECORDED},
                 recorded_at_ms=recorded,
                 body=p.body if self.journal_bodies else None,
+                properties=_recorded(p.properties) if self.journal_bodies else {},
                 key=key,
                 on_conflict=p.on_conflict,
             )
@@ -605,3 +607,8 @@ class PublisherCore:
     not_sent = staticmethod(failures.not_sent)
     not_connected = staticmethod(failures.not_connected)
     lost = staticmethod(failures.lost)
+
+
+def _recorded(properties: MessageProperties) -> dict[str, Any]:
+    """The properties a record keeps beside the body: the set ones."""
+    return {k: v for k, v in properties.items() if v is not None}

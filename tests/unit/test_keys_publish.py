@@ -147,6 +147,24 @@ def test_reschedule_later_is_a_record_earlier_a_fresh_copy() -> None:
     assert [r.due_at_ms for r in publisher.list_scheduled()] == [fresh.due_at_ms]
 
 
+def test_an_earlier_copy_is_the_same_message_with_its_properties() -> None:
+    """The fresh copy comes from the journal's record: its content type (a JSON body
+    stays JSON for the handler) and the caller's properties travel with the body."""
+    publisher = InMemoryPublisher(Settings(journal_bodies=True))
+    first = publisher.publish(
+        "jobs", {"order": 42}, delay="10m", correlation_id="c-1", app_id="shop", priority=3
+    )
+    earlier = publisher.reschedule(first.message_id, delay="1m")
+    assert (earlier.outcome, earlier.fresh_copy) == ("rescheduled", True)
+    original, fresh = publisher.sent
+    assert fresh.json() == {"order": 42}
+    assert dict(fresh.properties) == dict(original.properties)
+    assert (fresh.properties["content_type"], fresh.properties["correlation_id"]) == (
+        "application/json",
+        "c-1",
+    )
+
+
 def test_reschedule_answers_when_it_cannot() -> None:
     publisher = InMemoryPublisher()
     assert publisher.reschedule("nothing", delay="1m").outcome == "unknown"
