@@ -307,6 +307,22 @@ def raw_pika_single(url: str, count: int, queue_type: str) -> Run:
             connection.close()
 
 
+async def _aio_pika_fill(
+    channel: aio_pika.abc.AbstractChannel, name: str, count: int, window: int
+) -> None:
+    """Confirmed, mandatory, persistent publishes to queue ``name``, a window at a time."""
+    exchange = channel.default_exchange
+
+    async def one() -> None:
+        message = aio_pika.Message(
+            BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=str(uuid.uuid4())
+        )
+        await exchange.publish(message, routing_key=name, mandatory=True)
+
+    for base in range(0, count, window):
+        await asyncio.gather(*(one() for _ in range(base, min(count, base + window))))
+
+
 async def raw_aio_pika_many(url: str, count: int, window: int, queue_type: str) -> Run:
     """Confirmed, mandatory, persistent publishes to one plain queue, a window at a time."""
     name = _plain_queue()
@@ -314,19 +330,45 @@ async def raw_aio_pika_many(url: str, count: int, window: int, queue_type: str) 
     try:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
         await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
-        exchange = channel.default_exchange
-
-        async def one() -> None:
-            message = aio_pika.Message(
-                BODY, delivery_mode=aio_pika.DeliveryMode.PERSISTENT, message_id=str(uuid.uuid4())
-            )
-            await exchange.publish(message, routing_key=name, mandatory=True)
-
         with Timed() as t:
-            for base in range(0, count, window):
-                await asyncio.gather(*(one() for _ in range(base, min(count, base + window))))
+            await _aio_pika_fill(channel, name, count, window)
         await channel.queue_delete(name)
         return t.run(count)
+    finally:
+        await connection.close()
+
+
+async def raw_aio_pika_drain(url: str, count: int, prefetch: int, queue_type: str) -> Run:
+    """The worker's reference: ``count`` messages already in one plain queue, drained by a
+    bare aio-pika consumer at the same prefetch, acking each (manual acks) after a no-op;
+    timed as the worker is, from the first received to the last."""
+    name = _plain_queue()
+    connection = await aio_pika.connect(url)
+    try:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await channel.declare_queue(name, durable=True, arguments={"x-queue-type": queue_type})
+        await _aio_pika_fill(channel, name, count, 2000)
+        consumer = await connection.channel(publisher_confirms=False)
+        await consumer.set_qos(prefetch_count=prefetch)
+        queue = await consumer.get_queue(name, ensure=False)
+        handled: list[float] = []
+        cpu: list[float] = []
+        done = asyncio.Event()
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            handled.append(time.perf_counter())
+            if len(handled) == 1:
+                cpu.append(time.process_time())
+            if len(handled) >= count:
+                cpu.append(time.process_time())
+                done.set()
+            await message.ack()
+
+        tag = await queue.consume(on_message)
+        await asyncio.wait_for(done.wait(), timeout=max(120.0, count / 100))
+        await queue.cancel(tag)
+        await channel.queue_delete(name)
+        return Run(count - 1, handled[-1] - handled[0], cpu[-1] - cpu[0])
     finally:
         await connection.close()
 
@@ -456,10 +498,18 @@ def _drain(b: Bench) -> Awaitable[Run]:
     return worker_drain(b.settings(), b.sizes.drain, b.sizes.concurrency, b.sizes.prefetch)
 
 
+def _drain_default(b: Bench) -> Awaitable[Run]:
+    """The worker's defaults: concurrency 8, prefetch = concurrency."""
+    return worker_drain(b.settings(), b.sizes.drain, DEFAULT_CONCURRENCY, DEFAULT_CONCURRENCY)
+
+
 RAW_PIKA, RAW_AIO = "publish.raw.pika.many", "publish.raw.aiopika.many"
 RAW_SINGLE = "publish.raw.pika.single"
 RAW_TIERS_LONG, RAW_TIERS_MID = "publish.raw.pika.tiers.long", "publish.raw.pika.tiers.mid"
 RAW_SINGLE_JOURNAL = "publish.raw.pika.single.journal"
+RAW_DRAIN, RAW_DRAIN_DEFAULT = "worker.drain.raw", "worker.drain.raw.default"
+DEFAULT_CONCURRENCY = 8
+"""``rmqdelay worker``'s default concurrency, and so its default prefetch."""
 SPECS: tuple[Spec, ...] = (
     Spec(
         RAW_PIKA,
@@ -545,7 +595,30 @@ SPECS: tuple[Spec, ...] = (
         RAW_SINGLE,
         _single(False),
     ),
-    Spec("worker.drain.noop", "rmqdelay.Worker, messages already due, no-op handler", None, _drain),
+    Spec(
+        RAW_DRAIN,
+        "raw aio-pika consumer, manual acks, prefetch as the worker's",
+        None,
+        lambda b: raw_aio_pika_drain(b.url, b.sizes.drain, b.sizes.prefetch, b.queue_type),
+    ),
+    Spec(
+        "worker.drain.noop",
+        "rmqdelay.Worker, messages already due, no-op handler",
+        RAW_DRAIN,
+        _drain,
+    ),
+    Spec(
+        RAW_DRAIN_DEFAULT,
+        f"raw aio-pika consumer, manual acks, prefetch {DEFAULT_CONCURRENCY}",
+        None,
+        lambda b: raw_aio_pika_drain(b.url, b.sizes.drain, DEFAULT_CONCURRENCY, b.queue_type),
+    ),
+    Spec(
+        "worker.drain.noop.default",
+        f"rmqdelay.Worker at its defaults (concurrency and prefetch {DEFAULT_CONCURRENCY})",
+        RAW_DRAIN_DEFAULT,
+        _drain_default,
+    ),
 )
 BY_KEY = {spec.key: spec for spec in SPECS}
 COMPARED = (
@@ -554,7 +627,10 @@ COMPARED = (
     "publish.sync.many.short",
     "publish.async.many.long",
     "publish.sync.single",
+    RAW_DRAIN,
     "worker.drain.noop",
+    RAW_DRAIN_DEFAULT,
+    "worker.drain.noop.default",
 )
 """What ``bench.compare`` runs by default: the issue's publish and worker figures."""
 
