@@ -76,15 +76,19 @@ class Processor:
         self._slots = asyncio.Semaphore(concurrency)
         self._rng = random.Random()
 
-    async def on_message(
+    def on_message(
         self, session: Session, spec: HandlerSpec, message: AbstractIncomingMessage
-    ) -> None:
-        # aiormq cancels its consumer tasks when the channel closes; ours must outlive
-        # that, so a handler that is halfway is not cut off by a dropped connection.
+    ) -> asyncio.Task[None]:
+        """A plain function: aio-pika calls it without a task of its own, and it starts
+        the delivery's one task. aiormq cancels its consumer tasks when the channel
+        closes; ours must outlive that, so a handler that is halfway is not cut off by a
+        dropped connection."""
         session.active_at = time.monotonic()
+        session.settler.acks.delivered(message)
         task = asyncio.create_task(self._process(session, spec, message))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
+        return task
 
     def on_taken_back(self, session: Session, tag: str | None, cause: Cause) -> None:
         """The broker took back what consumer ``tag`` of ``session`` held (every consumer's
@@ -142,7 +146,7 @@ class Processor:
         worker, with ``basic.nack``, which RabbitMQ 4.3 does not count as a failed delivery."""
         if not session.taken_back(message):
             with contextlib.suppress(*SETTLE_ERRORS):
-                await message.nack(requeue=True)
+                await session.settler.acks.nack(message, requeue=True)
 
     async def _process(
         self, session: Session, spec: HandlerSpec, message: AbstractIncomingMessage
@@ -173,9 +177,10 @@ class Processor:
             log.exception(
                 "internal error; requeueing the message", extra={"queue": spec.destination}
             )
-            if not message.processed and not session.taken_back(message):
+            acks = session.settler.acks
+            if not acks.settled(message) and not session.taken_back(message):
                 with contextlib.suppress(*SETTLE_ERRORS):
-                    await message.reject(requeue=True)
+                    await acks.reject(message, requeue=True)
         finally:
             self.busy -= 1
             self._slots.release()

@@ -26,6 +26,7 @@ from ..amqp.passive import queue_exists_async
 from ..core.handlers import HandlerSpec
 from ..errors import AccessRefusedError, WorkerError
 from ..settings import Settings, mask_url
+from .acks import Acker
 from .hooks import Hooks
 from .reconnect import refused
 from .settle import SETTLE_ERRORS, Settler
@@ -49,6 +50,8 @@ PROBE_TIMEOUT_S = 5.0
 _CLOSE_S = 5.0
 
 OnMessage = Callable[["Session", HandlerSpec, AbstractIncomingMessage], Awaitable[None]]
+"""Called for each delivery; a plain function (not ``async def``) that starts its task,
+so aio-pika starts no task of its own for it."""
 OnTakenBack = Callable[["Session", "str | None", "Cause"], None]
 """Told that the broker took back what a consumer (a tag), or the whole session (None), held."""
 Cause = Literal["consumer timeout", "connection lost"]
@@ -132,9 +135,11 @@ class Session:
             park_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             park_exchange = await park_channel.get_exchange(settings.layout.parking, ensure=False)
             publisher = await AsyncPublisher(settings, connection=connection).connect()
-            settler = Settler(publisher, park_exchange, settings.confirm_timeout)
+            underlay = await channel.get_underlay_channel()
+            acks = Acker(underlay)
+            settler = Settler(publisher, park_exchange, settings.confirm_timeout, acks)
             session = cls(connection, channel, publisher, settler, lost, consuming)
-            session.underlay = await channel.get_underlay_channel()
+            session.underlay = underlay
             on_broker_cancel(session.underlay, session.woken.set)
             connection.close_callbacks.add(session._on_close)
             channel.close_callbacks.add(session._on_close)
@@ -174,11 +179,15 @@ class Session:
 
     def taken_back(self, message: AbstractIncomingMessage) -> bool:
         """Whether the broker took ``message`` back: its consumer was cancelled by the
-        broker, or the connection is gone. Settling it then would be lost, or ignored."""
+        broker, or the connection is gone. Settling it then would be lost, or ignored;
+        so it is forgotten by the acks, and no longer holds back a batch."""
         if self.lost.is_set():
             return True
         tag = message.consumer_tag or ""
-        return tag not in self.own_cancels and not consuming(self.underlay, tag)
+        if tag in self.own_cancels or consuming(self.underlay, tag):
+            return False
+        self.settler.acks.forget(message)
+        return True
 
     def queue_of(self, spec: HandlerSpec) -> str:
         """The name of the work queue ``spec``'s messages come from."""

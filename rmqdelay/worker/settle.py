@@ -1,9 +1,10 @@
 """Settling a delivery, at least once: ack, requeue, retry or park.
 
 A message is acked only after its handler returned, or after its retry or parked copy
-was confirmed by the broker. Anything else leaves it unacked, and the broker gives it
-back when the channel closes. The decision itself is :func:`rmqdelay.core.retry.decide`;
-what was done is returned as :class:`~rmqdelay.worker.hooks.Settled` for the hooks.
+was confirmed by the broker (the acks go in batches: :mod:`.acks`). Anything else leaves
+it unacked, and the broker gives it back when the channel closes. The decision itself is
+:func:`rmqdelay.core.retry.decide`; what was done is returned as
+:class:`~rmqdelay.worker.hooks.Settled` for the hooks.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..core.parking import parked_headers, short_traceback
 from ..core.retry import Decision, DecodeError, HandlerSignal
 from ..core.wire import encode_properties
 from ..errors import PublisherClosedError, RmqDelayError
+from .acks import Acker
 from .delivery import Delivery
 from .hooks import Outcome, Settled
 
@@ -86,16 +88,22 @@ class Settler:
     """Carries out one decision for one delivery, on one connection's channels."""
 
     def __init__(
-        self, publisher: AsyncPublisher, park_exchange: AbstractExchange, confirm_timeout: float
+        self,
+        publisher: AsyncPublisher,
+        park_exchange: AbstractExchange,
+        confirm_timeout: float,
+        acks: Acker,
     ) -> None:
         self.publisher = publisher
         self.park_exchange = park_exchange
         self.confirm_timeout = confirm_timeout
+        self.acks = acks
+        """Every ack, reject and nack of the session's deliveries goes through it."""
 
     async def skip(self, message: AbstractIncomingMessage) -> Settled:
         """Ack a delivery a hook skipped, without handling it."""
         try:
-            await message.ack()
+            await self.acks.ack(message)
         except SETTLE_ERRORS as exc:
             return Settled("returned", problem=_unsettled(exc))
         return Settled("cancelled")
@@ -103,7 +111,7 @@ class Settler:
     async def drop(self, message: AbstractIncomingMessage, reason: str) -> Settled:
         """Ack a delivery an admission dropped, without handling it."""
         try:
-            await message.ack()
+            await self.acks.ack(message)
         except SETTLE_ERRORS as exc:
             return Settled("returned", reason, problem=_unsettled(exc))
         return Settled("dropped", reason)
@@ -113,7 +121,7 @@ class Settler:
         pause: what stopped it (the journal) is not over in a millisecond."""
         await asyncio.sleep(_REQUEUE_PAUSE_S)
         try:
-            await message.reject(requeue=True)
+            await self.acks.reject(message, requeue=True)
         except SETTLE_ERRORS as exc:
             return Settled("returned", reason, problem=_unsettled(exc))
         return Settled("requeued", reason)
@@ -137,13 +145,13 @@ class Settler:
             try:
                 await self._publish_copy(job, delivery.attempt, at_ms=due_ms)
             except PublisherClosedError as exc:
-                await message.reject(requeue=True)
+                await self.acks.reject(message, requeue=True)
                 problem = f"the forwarded copy was not confirmed ({exc})"
                 return job.settled("returned", reason, problem=problem)
             except RmqDelayError as exc:
                 why = f"{reason}; the forwarded copy could not be published: {exc}"
                 return await self._park(job, Decision("park", delivery.attempt, reason=why))
-            await message.ack()
+            await self.acks.ack(message)
             return job.settled("forwarded", reason, delay_ms=max(0, due_ms - now_ms()))
         except SETTLE_ERRORS as exc:
             return job.settled("returned", reason, problem=_unsettled(exc))
@@ -160,23 +168,23 @@ class Settler:
         job = _Job(spec, message, delivery, failure, seconds)
         try:
             if decision.action == "ack":
-                await message.ack()
+                await self.acks.ack(message)
                 return job.settled("acked")
             if decision.action == "requeue":
-                await message.reject(requeue=True)
+                await self.acks.reject(message, requeue=True)
                 return job.settled("requeued", decision.reason)
             if decision.action == "retry":
                 try:
                     await self._republish(job, decision)
                 except PublisherClosedError as exc:
-                    await message.reject(requeue=True)
+                    await self.acks.reject(message, requeue=True)
                     problem = f"the retry was not confirmed ({exc})"
                     return job.settled("returned", decision.reason, problem=problem)
                 except RmqDelayError as exc:  # unroutable, nacked, or a delay over max_delay
                     reason = f"{decision.reason}; the retry could not be published: {exc}"
                     decision = Decision("park", delivery.attempt, reason=reason)
                 else:
-                    await message.ack()
+                    await self.acks.ack(message)
                     return job.settled("retried", decision.reason, delay_ms=decision.delay_ms)
             return await self._park(job, decision)
         except SETTLE_ERRORS as exc:
@@ -237,10 +245,10 @@ class Settler:
             )
         except _PARK_ERRORS as exc:
             await asyncio.sleep(1)  # do not spin on a broken parking queue
-            await message.reject(requeue=True)
+            await self.acks.reject(message, requeue=True)
             problem = f"could not park the message ({exc})"
             return job.settled("returned", decision.reason, problem=problem)
-        await message.ack()
+        await self.acks.ack(message)
         shown = failure is not None and not isinstance(failure.error, HandlerSignal)
         trace = failure.trace if shown and failure is not None else None
         return job.settled("parked", decision.reason, traceback=trace)
