@@ -47,6 +47,8 @@ LEVELS = {
     "CRITICAL": logging.CRITICAL,
 }
 LogFormat = Literal["text", "json"]
+_AT_INFO = frozenset(("acked", "requeued", "cancelled", "dropped", "forwarded"))
+"""The outcomes logged at INFO."""
 _SAFE = re.compile(r"^[\w.:/@+-]+$")
 
 
@@ -59,8 +61,11 @@ class LogHook(WorkerHook):
         return False
 
     def after_settle(self, delivery: Delivery, settled: Settled) -> None:
+        outcome = settled.outcome
+        if outcome in _AT_INFO and not log.isEnabledFor(logging.INFO):
+            return  # no line: not even its fields
         fields = delivery.fields
-        fields["outcome"] = outcome = settled.outcome
+        fields["outcome"] = outcome
         if settled.seconds is not None:
             fields["duration_ms"] = round(settled.seconds * 1000, 1)
         if outcome == "acked":
