@@ -645,26 +645,29 @@ async def run(
     broker_us: dict[str, list[float]] = {spec.key: [] for spec in specs}
     pid = broker_pid(bench.url)
     settings = bench.settings()
+    # a connection of its own for each: one left idle for the whole run (minutes) misses
+    # its heartbeats on a busy machine, and the broker closes it before the clean-up
     with TopologyManager(settings) as manager:
         manager.apply([DEST])
-        try:
-            if warmup:  # untimed: connections, channels and fresh queues warm up
-                small = Bench(
-                    bench.url, Sizes(warmup, bench.sizes.window, warmup), prefix=bench.prefix
-                )
-                for spec in specs:
-                    await spec.run(small)
-            for _ in range(repeats):
-                for spec in specs:
-                    idle = await idle_cpu_rate(pid)  # the broker is shared: its background
-                    with CpuMeter({"broker": pid}) as meter:
-                        one = await spec.run(bench)
-                    runs[spec.key].append(one)
-                    used = meter.result.get("broker_cpu_s")
-                    if used is not None and idle is not None:
-                        used -= idle * meter.result["wall_s"]
-                        broker_us[spec.key].append(round(used / one.count * 1e6, 1))
-        finally:
+    try:
+        if warmup:  # untimed: connections, channels and fresh queues warm up
+            small = Bench(
+                bench.url, Sizes(warmup, bench.sizes.window, warmup), prefix=bench.prefix
+            )
+            for spec in specs:
+                await spec.run(small)
+        for _ in range(repeats):
+            for spec in specs:
+                idle = await idle_cpu_rate(pid)  # the broker is shared: its background
+                with CpuMeter({"broker": pid}) as meter:
+                    one = await spec.run(bench)
+                runs[spec.key].append(one)
+                used = meter.result.get("broker_cpu_s")
+                if used is not None and idle is not None:
+                    used -= idle * meter.result["wall_s"]
+                    broker_us[spec.key].append(round(used / one.count * 1e6, 1))
+    finally:
+        with TopologyManager(settings) as manager:
             manager.destroy([DEST], force=True)
     figures: dict[str, dict[str, Any]] = {}
     for spec in specs:

@@ -96,14 +96,13 @@ class Acker:
             self._flusher = None
 
     async def _send(self, plan: AckPlan) -> None:
+        # each written before the next is queued, as ``message.ack()`` waits for it
         if plan.multiple is not None:
             self.frames += 1
-            # wait=False: queued in order on the connection's writer; a drain proves no
-            # more than that (an ack lost with the connection comes back as a redelivery)
-            await self._channel.basic_ack(plan.multiple, multiple=plan.covered > 1, wait=False)
+            await self._channel.basic_ack(plan.multiple, multiple=plan.covered > 1)
         for tag in plan.singles:
             self.frames += 1
             try:
-                await self._channel.basic_ack(tag, wait=False)
+                await self._channel.basic_ack(tag)
             finally:
                 self.ledger.sent(tag)

@@ -78,9 +78,8 @@ class Processor:
 
     def on_message(
         self, session: Session, spec: HandlerSpec, message: AbstractIncomingMessage
-    ) -> asyncio.Task[None]:
-        """A plain function: aio-pika calls it without a task of its own, and it starts
-        the delivery's one task. aiormq cancels its consumer tasks when the channel
+    ) -> None:
+        """Start the delivery's task. aiormq cancels its consumer tasks when the channel
         closes; ours must outlive that, so a handler that is halfway is not cut off by a
         dropped connection."""
         session.active_at = time.monotonic()
@@ -88,7 +87,6 @@ class Processor:
         task = asyncio.create_task(self._process(session, spec, message))
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
-        return task
 
     def on_taken_back(self, session: Session, tag: str | None, cause: Cause) -> None:
         """The broker took back what consumer ``tag`` of ``session`` held (every consumer's

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -16,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiormq
+from aio_pika import IncomingMessage
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+from aiormq.abc import DeliveredMessage
 
 from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.connections import address_of, connect_async
@@ -49,9 +50,9 @@ PROBE_TIMEOUT_S = 5.0
 """How long a probe may wait for its confirm before the worker leaves that node."""
 _CLOSE_S = 5.0
 
-OnMessage = Callable[["Session", HandlerSpec, AbstractIncomingMessage], Awaitable[None]]
-"""Called for each delivery; a plain function (not ``async def``) that starts its task,
-so aio-pika starts no task of its own for it."""
+OnMessage = Callable[["Session", HandlerSpec, AbstractIncomingMessage], None]
+"""Called for each delivery, from the task aiormq starts for it; it starts the delivery's
+own task (which, unlike aiormq's, a closing channel does not cancel)."""
 OnTakenBack = Callable[["Session", "str | None", "Cause"], None]
 """Told that the broker took back what a consumer (a tag), or the whole session (None), held."""
 Cause = Literal["consumer timeout", "connection lost"]
@@ -163,8 +164,21 @@ class Session:
             raise
 
     async def _consume(self, queue: AbstractQueue, spec: HandlerSpec) -> str:
-        on_message = functools.partial(self.consuming.on_message, self, spec)
-        return await queue.consume(on_message, arguments=self.consuming.arguments)
+        """Consume as ``Queue.consume`` does, without its task per delivery: aio-pika
+        runs the callback in a task of its own, awaited by aiormq's, and the worker
+        starts one more that outlives a closing channel. Here aiormq's task hands the
+        delivery over, and the worker's task is the only other."""
+        on_message = self.consuming.on_message
+
+        async def deliver(delivered: DeliveredMessage) -> None:
+            on_message(self, spec, IncomingMessage(delivered, no_ack=False))
+
+        result = await self.underlay.basic_consume(
+            queue.name, deliver, arguments=self.consuming.arguments
+        )
+        if result.consumer_tag is None:  # pamqp types it as optional; the broker never is
+            raise WorkerError(f"the broker gave no consumer tag for {queue.name!r}")
+        return str(result.consumer_tag)
 
     def _on_close(self, _sender: object = None, error: BaseException | None = None) -> None:
         """A channel or the connection closed: the broker takes back all it held."""
