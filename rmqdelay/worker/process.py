@@ -8,6 +8,7 @@ it instead of a second call of the handler (:mod:`rmqdelay.core.takeback`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -27,7 +28,7 @@ from .context import Context
 from .delivery import Delivery, read_delivery
 from .hooks import HANDLE, Admission, Hooks, Settled
 from .metrics import CONSUMER_TIMEOUTS
-from .session import Cause, Session, first
+from .session import Cause, Session
 from .settle import SETTLE_ERRORS, Failure
 
 __all__ = ["Processor"]
@@ -53,6 +54,47 @@ class _Holding:
     """The broker took the message back while the worker held it."""
 
 
+class _Slots:
+    """At most ``size`` handlers at a time. Waiting costs one future (no task); once
+    closed, every wait ends with False (the delivery goes back to its queue)."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
+        self._closed = False
+
+    async def acquire(self) -> bool:
+        if self._closed:
+            return False
+        if self.free > 0:
+            self.free -= 1
+            return True
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self.release()  # handed a slot as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        """Hand the slot to the first waiter, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return
+        self.free += 1
+
+    def close(self) -> None:
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(False)
+
+
 Outcome = tuple[Decision, Failure | None, float]
 """What a handling came to: its decision, the handler's failure, how long it ran."""
 
@@ -73,7 +115,7 @@ class Processor:
         self._holdings: set[_Holding] = set()
         self._ended: dict[Key, asyncio.Event] = {}
         self._stop = stop
-        self._slots = asyncio.Semaphore(concurrency)
+        self._slots = _Slots(concurrency)
         self._rng = random.Random()
 
     def on_message(
@@ -123,21 +165,11 @@ class Processor:
         """Wait for a free handler slot; False when the worker stops first."""
         if self._stop.is_set():
             return False
-        if not self._slots.locked():  # a free slot: take it without a task and a wait
-            await self._slots.acquire()
-            return True
-        acquire = asyncio.ensure_future(self._slots.acquire())
-        await first(acquire, self._stop.wait())
-        if acquire.done() and not acquire.cancelled():
-            if self._stop.is_set():
-                self._slots.release()
-                return False
-            return True
-        acquire.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            if await acquire:
-                self._slots.release()
-        return False
+        return await self._slots.acquire()
+
+    def stopped(self) -> None:
+        """The consumers are cancelled: deliveries waiting for a slot are given back."""
+        self._slots.close()
 
     async def _give_back(self, session: Session, message: AbstractIncomingMessage) -> None:
         """A delivery never started (the worker stops): back to its queue for another
@@ -168,7 +200,9 @@ class Processor:
             if session.taken_back(message):
                 return  # prefetched, and the broker took it back before it started
             # lateness counts to the handler's start, the wait for a slot included
-            delivery = dataclasses.replace(delivery, received_ms=now_ms())
+            received_ms = now_ms()
+            if received_ms != delivery.received_ms:
+                delivery = dataclasses.replace(delivery, received_ms=received_ms)
             await self._handle(session, spec, message, delivery, key)
         except Exception:
             # A bug of ours, not the handler's: never leave the message unacked for good.

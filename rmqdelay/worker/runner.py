@@ -258,6 +258,7 @@ class RunningWorker:
         if session is not None:
             await session.stop_consuming()
         self._not_consuming.set()
+        self._processor.stopped()
         inflight = self._processor.inflight
         pending = set(inflight)
         if pending and not self._abort.is_set():
