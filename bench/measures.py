@@ -10,7 +10,9 @@ adapter, pipelined confirms), raw pika waiting for each confirm (for one ``publi
 raw aio-pika (for the async publisher). ``long`` delays are 10 min to 1 h (nothing moves
 during the run); ``short`` is delay 0 (straight to the work queue: rmqdelay's client work
 without the tiers). ``worker.drain.noop``: 20,000 messages already due, drained by
-``rmqdelay.Worker`` with a no-op handler, first to last handled.
+``rmqdelay.Worker`` with a no-op handler, first to last handled (``.default``: at the
+worker's default concurrency and prefetch); its reference ``worker.drain.raw`` drains as
+many from one plain queue with a bare aio-pika consumer acking each, at the same prefetch.
 
     python -m bench.measures --count 5000 --repeats 3     # every measure, alternating
     python -m bench.measures --keys publish.sync.many.long,worker.drain.noop --json
