@@ -83,12 +83,13 @@ class Acker:
                 future, self._next = self._next, None
                 try:
                     await self._send(self.ledger.take())
-                except BaseException as exc:
+                except Exception as exc:
                     if not future.done():
                         future.set_exception(exc)
                         future.exception()  # retrieved: a batch nobody waits for any more
-                    if not isinstance(exc, Exception):
-                        raise
+                except BaseException:  # cancelled (the loop ends): so are its waiters
+                    future.cancel()
+                    raise
                 else:
                     if not future.done():
                         future.set_result(None)

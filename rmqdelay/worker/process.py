@@ -72,11 +72,15 @@ class _Slots:
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
-            return await waiter
+            handed = await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled() and waiter.result():
                 self.release()  # handed a slot as it was cancelled: pass it on
             raise
+        if handed and self._closed:  # handed a slot, then closed before it resumed
+            self.release()
+            return False
+        return handed
 
     def release(self) -> None:
         """Hand the slot to the first waiter, or free it."""

@@ -48,3 +48,14 @@ async def test_a_cancelled_waiter_handed_a_slot_passes_it_on() -> None:
         await cancelled
     assert await after is True
     assert slots.free == 0
+
+
+async def test_a_slot_handed_just_before_closing_is_given_back() -> None:
+    slots = _Slots(1)
+    assert await slots.acquire()
+    waiting = asyncio.ensure_future(slots.acquire())
+    await asyncio.sleep(0)
+    slots.release()  # handed over...
+    slots.close()  # ...and the worker stops before the waiter resumes
+    assert await waiting is False
+    assert slots.free == 1
