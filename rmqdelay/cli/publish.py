@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import sys
@@ -211,6 +210,8 @@ def consume(
 ) -> None:
     """Receive, print and ack messages of a destination."""
 
+    import asyncio  # here, not at the top: publish does not need it (start-up)
+
     from ..core.routing import validate_destination
 
     settings = settings_from(url, prefix, config)
@@ -227,6 +228,8 @@ async def _consume(
     """A :class:`~rmqdelay.Worker` whose handler prints: the worker's journal tail skips
     (and acks) a cancelled copy, its settle acks what was shown. One message at a time,
     so nothing past ``count`` is shown; how many were shown."""
+    import asyncio
+
     from ..core.retry import Requeue
     from ..worker import Worker, WorkerHook
 
