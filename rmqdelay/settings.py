@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import SplitResult, unquote, urlsplit
 
 from pydantic import (
     BeforeValidator,
@@ -29,9 +26,22 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from .core.durations import format_ms, parse_duration_us
+from .core.durations import format_ms
 from .core.layout import Layout
-from .errors import ConfigurationError, DelayError
+from .errors import ConfigurationError
+from .settings_light import (
+    build_layout,
+    check_amqp_urls,
+    check_management_urls,
+    check_prefix,
+    check_radix,
+    check_resolution,
+    mask_url,
+    read_config,
+    split_url_text,
+    to_ms,
+    vhost_of,
+)
 
 __all__ = [
     "Milliseconds",
@@ -43,21 +53,6 @@ __all__ = [
     "split_urls",
     "vhost_of",
 ]
-
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _to_ms(value: Any) -> Any:
-    """Accept ``"10ms"``, ``0.01`` (seconds) or a timedelta; keep whole milliseconds."""
-    if isinstance(value, (str, int, float)) or hasattr(value, "total_seconds"):
-        try:
-            us = parse_duration_us(value, what="duration")
-        except DelayError as exc:
-            raise ValueError(str(exc)) from None
-        if us % 1000:
-            raise ValueError(f"{value!r} is not a whole number of milliseconds")
-        return us // 1000
-    return value
 
 
 class SecretUrl(Secret[str]):
@@ -82,13 +77,7 @@ def split_urls(url: SecretUrl | str | None) -> list[str]:
     """Each address of a URL setting, raw, in the order given."""
     if url is None:
         return []
-    return [u.strip() for u in reveal(url).split(",") if u.strip()]
-
-
-def vhost_of(url: str) -> str:
-    """The virtual host an AMQP URL names, as pika reads it (none or ``/``: ``/``)."""
-    path = urlsplit(url).path
-    return unquote(path[1:]) if len(path) > 1 else "/"
+    return split_url_text(reveal(url))
 
 
 def _joiner(setting: str, kind: str) -> Any:
@@ -115,51 +104,9 @@ Urls = Annotated[SecretUrl, BeforeValidator(_joiner("url", "AMQP"))]
 ManagementUrls = Annotated[SecretUrl | None, BeforeValidator(_joiner("management_url", "HTTP"))]
 """One management API URL, or several joined by commas; shown masked."""
 
-Milliseconds = Annotated[int, BeforeValidator(_to_ms)]
+Milliseconds = Annotated[int, BeforeValidator(to_ms)]
 """Whole milliseconds, given as ``"10ms"``, seconds, or a timedelta."""
 _TEN_MS: Any = "10ms"
-
-
-def _check_port(setting: str, url: str, parts: SplitResult) -> None:
-    """A port that does not parse fails at connect with words of the client library."""
-    try:
-        port = parts.port
-    except ValueError:  # not a number, or over 65535
-        port = 0
-    if port == 0:
-        raise ValueError(
-            f"{setting} {mask_url(url)!r} has a bad port: give a number from 1 to 65535"
-        )
-
-
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def mask_url(url: str) -> str:
-    """Hide the password of an AMQP URL, or of each URL of a comma-separated list.
-
-    It never parses the URL strictly, so a URL that does not parse (a bad port, a raw
-    ``/``, ``@`` or ``,`` in its password) is masked too, and never raises.
-    """
-    starts = [m.start() for m in _SCHEME.finditer(url)]
-    if not starts or starts[0] != 0:
-        starts.insert(0, 0)
-    ends = [*starts[1:], len(url)]
-    return "".join(_mask_one(url[a:b]) for a, b in zip(starts, ends, strict=True))
-
-
-def _mask_one(url: str) -> str:
-    """``scheme://user:***@rest``: the password runs from the first ``:`` of the user
-    part to the last ``@`` of the URL, not of its authority: a raw ``/`` in a password
-    ends the authority early (``u:p@x/secret@h``). A vhost with an ``@`` is masked too."""
-    scheme = _SCHEME.match(url)
-    head = scheme.group(0) if scheme else ""
-    rest = url[len(head) :]
-    at = rest.rfind("@")
-    user, colon, _password = rest[: max(at, 0)].partition(":")
-    if at < 0 or not colon:
-        return url
-    return f"{head}{user}:***@{rest[at + 1 :]}"
 
 
 class Settings(BaseSettings):
@@ -214,26 +161,7 @@ class Settings(BaseSettings):
     @field_validator("url")
     @classmethod
     def _amqp_urls(cls, url: SecretUrl) -> SecretUrl:
-        schemes = set()
-        vhosts: dict[str, str] = {}
-        for part in split_urls(url) or [""]:
-            parts = urlsplit(part)
-            if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
-                raise ValueError(
-                    f"url {mask_url(part)!r} is not an AMQP URL: give "
-                    "amqp://user:password@host:port/vhost (amqps:// for TLS)"
-                )
-            _check_port("url", part, parts)
-            schemes.add(parts.scheme)
-            vhosts.setdefault(vhost_of(part), mask_url(part))
-        if len(schemes) > 1:  # TLS is set for all of them, from the first
-            raise ValueError("url mixes amqp:// and amqps:// addresses: use one scheme for all")
-        if len(vhosts) > 1:  # a cluster's nodes hold the same vhosts: one is meant
-            named = "; ".join(f"{v!r} in {u!r}" for v, u in vhosts.items())
-            raise ValueError(
-                f"url names several virtual hosts ({named}): the URLs are one cluster's "
-                "nodes, so give each the same vhost"
-            )
+        check_amqp_urls(split_urls(url))
         return url
 
     @field_validator("management_url")
@@ -241,13 +169,7 @@ class Settings(BaseSettings):
     def _management_http(cls, url: SecretUrl | None) -> SecretUrl | None:
         if url is None or not split_urls(url):
             return None
-        for part in split_urls(url):
-            parts = urlsplit(part)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(
-                    f"management_url must be http(s)://host:port, got {mask_url(part)!r}"
-                )
-            _check_port("management_url", part, parts)
+        check_management_urls(split_urls(url))
         return url
 
     @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
@@ -261,33 +183,17 @@ class Settings(BaseSettings):
     @field_validator("radix")
     @classmethod
     def _radix_range(cls, radix: int) -> int:
-        if not 2 <= radix <= 16:
-            raise ValueError(
-                f"radix must be from 2 to 16, got {radix}: each digit is one of 0-9a-f"
-            )
-        return radix
+        return check_radix(radix)
 
     @field_validator("resolution")
     @classmethod
     def _positive_resolution(cls, resolution: int) -> int:
-        if resolution <= 0:
-            raise ValueError(f"resolution must be at least 1ms, got {resolution}ms")
-        return resolution
+        return check_resolution(resolution)
 
     @field_validator("prefix")
     @classmethod
     def _prefix_name(cls, prefix: str) -> str:
-        if prefix == "amq" or prefix.startswith("amq."):
-            raise ValueError(
-                f"prefix {prefix!r} must not start with 'amq.' or be 'amq' (RabbitMQ's own names)"
-            )
-        if not _NAME.match(prefix):
-            raise ValueError(
-                f"prefix {prefix!r} must be one name: words of letters, digits, '-' or '_' "
-                "run together, with no dots (the topology's names and routing patterns "
-                "use dots) and no spaces"
-            )
-        return prefix
+        return check_prefix(prefix)
 
     @field_validator("named_tiers")
     @classmethod
@@ -311,7 +217,7 @@ class Settings(BaseSettings):
         Cached by value, not on the instance: ``model_copy(update=...)`` copies the
         instance's attributes without validating, and must not keep a stale layout.
         """
-        return _build_layout(
+        return build_layout(
             prefix=self.prefix,
             resolution_ms=self.resolution,
             radix=self.radix,
@@ -363,9 +269,6 @@ class Settings(BaseSettings):
         return sources
 
 
-_build_layout = lru_cache(maxsize=64)(Layout.build)
-
-
 class _ConfigFile:
     """The TOML file of the current load; pydantic-settings asks for it per class."""
 
@@ -384,18 +287,7 @@ def load_settings(config: Path | str | None = None, **overrides: Any) -> Setting
     ``None`` overrides are dropped, so unset CLI flags fall through to the environment.
     """
     path = Path(config) if config is not None else None
-    if path is not None and not path.is_file():
-        raise FileNotFoundError(f"config file {str(path)!r} does not exist")
-    if path is not None:
-        # imported here: most runs read no file, and every CLI command imports this module
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover
-            import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
-        try:
-            tomllib.loads(path.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    read_config(path)  # a missing or malformed file, refused naming it
     _CONFIG_FILE.path = path
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})

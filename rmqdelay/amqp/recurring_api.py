@@ -20,7 +20,7 @@ from ..core.recurring import RecurringResult, RecurringSchedule
 
 if TYPE_CHECKING:
     from ..core.publisher_core import PublisherCore
-    from ..settings import Settings
+    from ..settings_light import BrokerSettings
 
 __all__ = ["AsyncRecurringMethods", "RecurringFlows", "RecurringMethods"]
 
@@ -30,7 +30,9 @@ class RecurringFlows:
 
     if TYPE_CHECKING:
         core: PublisherCore
-        settings: Settings
+
+        @property
+        def settings(self) -> BrokerSettings: ...
 
         def _run(self, flow: Any) -> Any: ...
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import ssl
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from ..settings import Settings
+
+if TYPE_CHECKING:
+    from ..settings_light import BrokerSettings
 
 __all__ = ["ssl_context"]
 
 
-def ssl_context(settings: Settings) -> ssl.SSLContext | None:
+def ssl_context(settings: BrokerSettings) -> ssl.SSLContext | None:
     """A verifying context for an ``amqps://`` URL, or None for plain ``amqp://``."""
-    if urlsplit(settings.urls[0]).scheme != "amqps":  # Settings: one scheme for all
+    if urlsplit(settings.urls[0]).scheme != "amqps":  # the settings: one scheme for all
         return None
     try:
         context = ssl.create_default_context(

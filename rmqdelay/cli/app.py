@@ -97,6 +97,7 @@ app = _LazyGroup(
     ],
 )
 
+
 def main() -> None:
     """The console script ``rmqdelay`` (and ``python -m rmqdelay.cli``)."""
     app()

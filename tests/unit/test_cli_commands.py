@@ -145,9 +145,14 @@ GROUPS = {
 
 
 def _walk(command: click.Command, path: str = "") -> dict[str, click.Command]:
+    """Every command under *command*, found as click finds them (the root group loads
+    its commands on demand, so ``commands`` holds only those asked for)."""
     found = {path: command}
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
             found.update(_walk(sub, f"{path} {name}".strip()))
     return found
 

@@ -157,9 +157,17 @@ def test_a_commands_help_does_not_import_its_dependencies(command: str) -> None:
     assert found == {"loaded": [], "code": 0}
 
 
-def test_a_publish_run_imports_the_publisher_and_never_typer() -> None:
+@pytest.mark.parametrize(
+    ("extra_env", "model"),
+    [({}, False), ({"RMQDELAY_NAMED_TIERS": '["1h"]'}, True)],
+    ids=["plain settings", "a list in the environment"],
+)
+def test_a_publish_run_imports_the_publisher_and_pydantic_only_when_needed(
+    extra_env: dict[str, str], model: bool
+) -> None:
     """``rmqdelay publish`` up to the connection (refused: a port nothing listens on)
-    loads the settings and pika, which it needs, and no typer, aio-pika or worker."""
+    loads pika, which it needs, and no typer, aio-pika, worker or other command. Plain
+    settings are read without pydantic; a list is read by the model (pydantic-settings)."""
     found = _run(
         f"""
         import json, os, socket, sys
@@ -167,6 +175,7 @@ def test_a_publish_run_imports_the_publisher_and_never_typer() -> None:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         os.environ["RMQDELAY_URL"] = f"amqp://guest:guest@127.0.0.1:{{port}}/%2F"
+        os.environ.update({extra_env!r})
         from rmqdelay.cli import main
         sys.argv = ["rmqdelay", "publish", "jobs", "hi", "--delay", "1s"]
         try:
@@ -175,13 +184,18 @@ def test_a_publish_run_imports_the_publisher_and_never_typer() -> None:
             code = exc.code
         print(json.dumps({{
             "code": code,
-            "loaded": [m for m in {HELP_HEAVY!r} if m in sys.modules],
+            "loaded": [m for m in {(*HELP_HEAVY, "rmqdelay.cli.worker", "rmqdelay.cli.bridge")!r}
+                       if m in sys.modules],
         }}))
         """
     )
     assert found["code"] == 1  # cannot connect
-    assert {"pika", "pydantic_settings", "rmqdelay.settings"} <= set(found["loaded"])
-    assert not {"typer", "aio_pika", "aiormq", "rmqdelay.worker"} & set(found["loaded"])
+    loaded = set(found["loaded"])
+    assert "pika" in loaded
+    pydantic = {"pydantic", "pydantic_settings", "rmqdelay.settings"}
+    assert (pydantic <= loaded) if model else not (pydantic & loaded)
+    assert not {"typer", "aio_pika", "aiormq", "rmqdelay.worker"} & loaded
+    assert not {"rmqdelay.cli.worker", "rmqdelay.cli.bridge"} & loaded
 
 
 def test_the_cli_copies_of_constants_match_their_sources() -> None:
