@@ -365,7 +365,7 @@ def _read(name: str, value: Any) -> Any:
             return float(value)
         raise _NotPlain
     if name in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
-        path = Path(_text(value))
+        path = value if isinstance(value, Path) else Path(_text(value))
         if not path.is_file():
             raise _NotPlain
         return path

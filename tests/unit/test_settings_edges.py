@@ -8,45 +8,46 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rmqdelay import DelayError, Settings, load_settings
+from rmqdelay import DelayError
 from rmqdelay.core.plan import check_max_delay
+from tests.unit.conftest import Load
 
 
-def test_a_bad_field_does_not_print_the_password_of_the_url() -> None:
+def test_a_bad_field_does_not_print_the_password_of_the_url(load: Load) -> None:
     secret = uuid.uuid4().hex
     with pytest.raises(ValidationError) as info:
-        Settings(url=f"amqp://u:{secret}@h/", radix=99)
+        load(url=f"amqp://u:{secret}@h/", radix=99)
     assert "radix must be from 2 to 16" in str(info.value)
     assert secret not in str(info.value) and secret not in repr(info.value)
 
 
 @pytest.mark.parametrize("url", ["not a url", "http://foo", "amqp:///nohost"])
-def test_a_url_that_is_not_amqp_is_refused_naming_the_form(url: str) -> None:
+def test_a_url_that_is_not_amqp_is_refused_naming_the_form(url: str, load: Load) -> None:
     with pytest.raises(ValidationError, match=r"is not an AMQP URL: give amqp://"):
-        Settings(url=url)
+        load(url=url)
 
 
-def test_every_url_of_a_list_is_checked_and_shown_masked() -> None:
+def test_every_url_of_a_list_is_checked_and_shown_masked(load: Load) -> None:
     secret = uuid.uuid4().hex
     with pytest.raises(ValidationError) as info:
-        Settings(url=f"amqp://g:{secret}@h:5999/,http://g:{secret}@h/")
+        load(url=f"amqp://g:{secret}@h:5999/,http://g:{secret}@h/")
     assert "http://g:***@h/" in str(info.value) and secret not in str(info.value)
 
 
-def test_a_prefix_with_dots_is_refused() -> None:
+def test_a_prefix_with_dots_is_refused(load: Load) -> None:
     with pytest.raises(ValidationError, match="no dots"):
-        Settings(prefix="a.b")
+        load(prefix="a.b")
 
 
-def test_malformed_toml_names_the_file(tmp_path: Path) -> None:
+def test_malformed_toml_names_the_file(tmp_path: Path, load: Load) -> None:
     config = tmp_path / "rmqdelay.toml"
     config.write_text("prefix = [oops\n")
     with pytest.raises(ValueError, match=r"rmqdelay.toml' is not valid TOML"):
-        load_settings(config)
+        load(config)
 
 
-def test_a_huge_delay_shows_the_limit_not_the_number() -> None:
-    layout = Settings(max_delay="1h").layout
+def test_a_huge_delay_shows_the_limit_not_the_number(load: Load) -> None:
+    layout = load(max_delay="1h").layout
     with pytest.raises(DelayError) as info:
         check_max_delay(layout, int(1e300))
     assert "over a century" in str(info.value) and "1h" in str(info.value)

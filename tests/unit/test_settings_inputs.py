@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rmqdelay import ConfigurationError, Settings, load_settings
+from rmqdelay import ConfigurationError
+from tests.unit.conftest import Load
 
 
 @pytest.mark.parametrize(
@@ -21,10 +22,10 @@ from rmqdelay import ConfigurationError, Settings, load_settings
         ("management_url", "http://u:{s}@h:abc"),  # was http.client.InvalidURL, a traceback
     ],
 )
-def test_a_bad_port_is_refused_when_read_and_masked(field: str, url: str) -> None:
+def test_a_bad_port_is_refused_when_read_and_masked(field: str, url: str, load: Load) -> None:
     secret = uuid.uuid4().hex
     with pytest.raises(ValidationError) as info:
-        Settings(**{field: url.format(s=secret)})  # type: ignore[arg-type]
+        load(**{field: url.format(s=secret)})
     assert f"{field} " in str(
         info.value
     ) and "has a bad port: give a number from 1 to 65535" in str(info.value)
@@ -32,20 +33,20 @@ def test_a_bad_port_is_refused_when_read_and_masked(field: str, url: str) -> Non
 
 
 @pytest.mark.parametrize("field", ["tls_ca_file", "tls_cert_file", "tls_key_file"])
-def test_a_missing_tls_file_is_named(field: str, tmp_path: Path) -> None:
+def test_a_missing_tls_file_is_named(field: str, tmp_path: Path, load: Load) -> None:
     missing = tmp_path / "nowhere.pem"
     with pytest.raises(ValidationError, match=rf"{field} '{missing}' is not a file"):
-        Settings(**{field: missing})  # type: ignore[arg-type]
+        load(**{field: missing})
     present = tmp_path / "here.pem"
     present.write_text("")
-    assert getattr(Settings(**{field: present}), field) == present  # type: ignore[arg-type]
+    assert getattr(load(**{field: present}), field) == present
 
 
 def test_a_list_in_the_environment_that_is_not_json_names_the_variable(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, load: Load
 ) -> None:
     monkeypatch.setenv("RMQDELAY_NAMED_TIERS", "1s")
     with pytest.raises(ConfigurationError, match=r"cannot read RMQDELAY_NAMED_TIERS: .* JSON"):
-        load_settings()
+        load()
     monkeypatch.setenv("RMQDELAY_NAMED_TIERS", '["1s", "1m"]')
-    assert load_settings().named_tiers == [60_000, 1_000]
+    assert load().named_tiers == [60_000, 1_000]
