@@ -76,6 +76,12 @@ def from_startup(r: dict[str, Any], params: dict[str, Any]) -> Figures:
             target=target,
             text=params["commands"][name],
         )
+        if "ratio_to_pika_script" in row:
+            target = None
+            if "target_script_ratio" in row:
+                verdict = "met" if row["meets_target_script_ratio"] else "missed"
+                target = f"<= {row['target_script_ratio']:.1f} x: {verdict}"
+            out[f"startup.{name}.script"] = fig(row["ratio_to_pika_script"], "ratio", target=target)
     return out
 
 

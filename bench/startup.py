@@ -7,6 +7,10 @@ Times, in fresh processes, each command of ``COMMANDS``: ``python -c 'import pik
 Two rows without rmqdelay's code show what its libraries cost on their own: importing
 click, pika and pydantic-settings, and the floor of any publish command built on them
 (those imports, a connection, one confirmed publish, the close: ``FLOOR``).
+The issue's reference for ``rmqdelay publish`` is a raw pika script (``PIKA_SCRIPT``:
+``import pika``, connect, one confirmed publish, close), measured in the same rounds:
+each row also gives its ratio to it, and ``publish`` is judged against
+``SCRIPT_TARGETS`` (at most 2.0 x the script).
 One untimed warm-up round first (the OS file cache, ``__pycache__``), then ``--repeats``
 rounds; the commands take turns within a round, so a burst of load elsewhere falls on all
 of them. Prints the medians, their ratio to the reference and the targets, and writes
@@ -45,6 +49,8 @@ BEFORE_MS = {"reference": 81.0, "help": 392.0, "publish": 334.0}
 #: the targets (ms, median of 5) on the machine where the reference took REFERENCE_MS
 TARGETS_MS = {"help": 150.0, "publish": 200.0}
 REFERENCE_MS = BEFORE_MS["reference"]
+#: targets as a ratio to the raw pika script of the same run (issue 21: 269 vs 101 ms before)
+SCRIPT_TARGETS = {"publish": 2.0}
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,20 @@ connection.close()
 """
 
 
+#: The issue's reference for ``rmqdelay publish``: what a user's own pika script costs to
+#: send one message with confirms (the same message properties and queue as ``FLOOR``).
+PIKA_SCRIPT = """\
+import os, sys
+import pika
+connection = pika.BlockingConnection(pika.URLParameters(os.environ["RMQDELAY_URL"]))
+channel = connection.channel()
+channel.confirm_delivery()
+properties = pika.BasicProperties(delivery_mode=2, message_id="script")
+channel.basic_publish("", sys.argv[1], b"startup bench", properties, mandatory=True)
+connection.close()
+"""
+
+
 def commands(python: str, rmqdelay: str, work_queue: str = "") -> list[Command]:
     return [
         Command("reference", [python, "-c", "import pika"]),
@@ -76,6 +96,7 @@ def commands(python: str, rmqdelay: str, work_queue: str = "") -> list[Command]:
         Command("help", [rmqdelay, "--help"]),
         Command("libraries", [python, "-c", "import click, pika, pydantic_settings"]),
         Command("floor", [python, "-c", FLOOR, work_queue], needs_broker=True),
+        Command("pika_script", [python, "-c", PIKA_SCRIPT, work_queue], needs_broker=True),
         Command(
             "publish",
             [rmqdelay, "publish", DESTINATION, "startup bench", "--delay", "10s"],
@@ -87,6 +108,8 @@ def commands(python: str, rmqdelay: str, work_queue: str = "") -> list[Command]:
 def _shown(command: Command) -> str:
     if command.name == "floor":
         return "python -c '<import click, pika, pydantic_settings; connect; publish; close>'"
+    if command.name == "pika_script":
+        return "python -c '<import pika; connect; one confirmed publish; close>'"
     return " ".join(
         Path(a).name if i == 0 else (repr(a) if " " in a else a) for i, a in enumerate(command.argv)
     )
@@ -135,6 +158,12 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
                 "target_ratio": round(ratio, 2),
                 "meets_target_ratio": medians[name] <= ratio * reference,
             }
+        script = medians.get("pika_script")
+        if script:
+            row["ratio_to_pika_script"] = round(medians[name] / script, 2)
+            if name in SCRIPT_TARGETS:
+                row["target_script_ratio"] = SCRIPT_TARGETS[name]
+                row["meets_target_script_ratio"] = medians[name] <= SCRIPT_TARGETS[name] * script
         summary[name] = row
     return summary
 
@@ -142,7 +171,7 @@ def summarize(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
 def show(summary: dict[str, dict[str, Any]], shown: dict[str, str], repeats: int) -> None:
     print(f"\nstart-up, median of {repeats} fresh processes (ms):")
     width = max(len(text) for text in shown.values())
-    print(f"  {'command':<{width}} {'median':>7} {'x ref':>6}  target")
+    print(f"  {'command':<{width}} {'median':>7} {'x ref':>6} {'x script':>8}  target")
     for name, row in summary.items():
         verdict = ""
         if "target_ms" in row:
@@ -151,9 +180,14 @@ def show(summary: dict[str, dict[str, Any]], shown: dict[str, str], repeats: int
             verdict = (
                 f"<= {row['target_ms']:.0f} ms: {ms}; <= {row['target_ratio']:.2f} x ref: {ratio}"
             )
+        if "target_script_ratio" in row:
+            met = "ok" if row["meets_target_script_ratio"] else "over"
+            verdict += f"; <= {row['target_script_ratio']:.1f} x script: {met}"
+        script = row.get("ratio_to_pika_script")
         print(
             f"  {shown[name]:<{width}} {row['median_ms']:>7.0f} "
-            f"{row['ratio_to_reference']:>6.2f}  {verdict}"
+            f"{row['ratio_to_reference']:>6.2f} {'' if script is None else f'{script:.2f}':>8}"
+            f"  {verdict}"
         )
 
 
@@ -232,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reference_ms_of_targets": REFERENCE_MS,
                 "targets_ms": TARGETS_MS,
                 "before_ms": BEFORE_MS,
+                "script_targets": SCRIPT_TARGETS,
             },
             "results": summary,
             "total_seconds": round(time.perf_counter() - started, 1),
