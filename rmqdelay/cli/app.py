@@ -69,6 +69,14 @@ class _LazyGroup(Group):
             self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] not in _COMMANDS:  # a typo: click's "Did you mean" needs all
+            for name in _COMMANDS:
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
 
 app = _LazyGroup(
     "rmqdelay",

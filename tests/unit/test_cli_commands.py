@@ -367,3 +367,11 @@ def test_the_completion_script_gets_completions() -> None:
     assert result.output.splitlines() == ["plain,parked"]
     env = {**env, "COMP_WORDS": "rmqdelay worker x --log-f", "COMP_CWORD": "3"}
     assert _invoke(env=env).output.splitlines() == ["plain,--log-format"]
+
+
+def test_a_mistyped_command_gets_clicks_suggestion() -> None:
+    """The root group loads its commands on demand; a name it does not know still gets
+    click's "Did you mean", which needs every command's name."""
+    result = CliRunner().invoke(app, ["publsh", "jobs"])
+    assert result.exit_code == 2
+    assert "No such command 'publsh'. Did you mean 'publish'?" in result.output
