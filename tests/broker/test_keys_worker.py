@@ -221,9 +221,11 @@ def _at(ms: int) -> Any:
 async def _keyed_trio(
     settings: Any, dest: str, key: str, *, second_clock_ahead_ms: int = 0
 ) -> list[str]:
-    """Three publishes of ``key`` (ignore), due 1.5 s from now; the second from a
-    publisher whose clock is ahead by ``second_clock_ahead_ms``."""
-    due = now_ms() + 1_500
+    """Three publishes of ``key`` (ignore), due 6 s from now; the second from a
+    publisher whose clock is ahead by ``second_clock_ahead_ms``. The third must be
+    recorded while the second is pending: with 1.5 s, CI's load once let the second's
+    due time pass first, and the third rightly became a generation of its own."""
+    due = now_ms() + 6_000
     ids = []
     async with AsyncPublisher(settings) as publisher:
         for i in range(3):
@@ -235,6 +237,7 @@ async def _keyed_trio(
                     publisher, dest, {"i": i}, key=key, mode="ignore", due_ms=due + i
                 )
             ids.append(sent.message_id)
+        assert now_ms() < due, "the publishes took longer than the lead: no verdict to test"
     return ids
 
 
