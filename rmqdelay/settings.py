@@ -30,12 +30,12 @@ from .core.durations import format_ms
 from .core.layout import Layout
 from .errors import ConfigurationError
 from .settings_light import (
-    build_layout,
     check_amqp_urls,
     check_management_urls,
     check_prefix,
     check_radix,
     check_resolution,
+    layout_of,
     mask_url,
     read_config,
     split_url_text,
@@ -217,22 +217,7 @@ class Settings(BaseSettings):
         Cached by value, not on the instance: ``model_copy(update=...)`` copies the
         instance's attributes without validating, and must not keep a stale layout.
         """
-        return build_layout(
-            prefix=self.prefix,
-            resolution_ms=self.resolution,
-            radix=self.radix,
-            positions=self.positions,
-            max_delay_ms=self.max_delay,
-            named_tiers_ms=tuple(self.named_tiers),
-            max_destination_length=self.max_destination_length,
-            queue_type=self.queue_type,
-            delivery_limit=self.delivery_limit,
-            journal=self.schedule_journal,
-            leader_locator=None
-            if self.queue_leader_locator == "none"
-            else self.queue_leader_locator,
-            quorum_group_size=self.quorum_group_size,
-        )
+        return layout_of(self)
 
     @property
     def urls(self) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -225,6 +226,53 @@ build_layout = lru_cache(maxsize=64)(Layout.build)
 """Layouts by value, shared by both kinds of settings."""
 
 
+class _LayoutFields(Protocol):
+    """The settings a layout is made of, as both settings classes hold them."""
+
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def resolution(self) -> int: ...
+    @property
+    def radix(self) -> int: ...
+    @property
+    def positions(self) -> int | None: ...
+    @property
+    def max_delay(self) -> int | None: ...
+    @property
+    def named_tiers(self) -> Sequence[int]: ...
+    @property
+    def max_destination_length(self) -> int: ...
+    @property
+    def queue_type(self) -> Literal["quorum", "classic"]: ...
+    @property
+    def delivery_limit(self) -> int: ...
+    @property
+    def schedule_journal(self) -> bool: ...
+    @property
+    def queue_leader_locator(self) -> Literal["balanced", "client-local", "none"]: ...
+    @property
+    def quorum_group_size(self) -> int | None: ...
+
+
+def layout_of(s: _LayoutFields) -> Layout:
+    """The layout the settings describe (one place for both settings classes)."""
+    return build_layout(
+        prefix=s.prefix,
+        resolution_ms=s.resolution,
+        radix=s.radix,
+        positions=s.positions,
+        max_delay_ms=s.max_delay,
+        named_tiers_ms=tuple(s.named_tiers),
+        max_destination_length=s.max_destination_length,
+        queue_type=s.queue_type,
+        delivery_limit=s.delivery_limit,
+        journal=s.schedule_journal,
+        leader_locator=None if s.queue_leader_locator == "none" else s.queue_leader_locator,
+        quorum_group_size=s.quorum_group_size,
+    )
+
+
 @dataclass(frozen=True)
 class LightSettings:
     """The settings' values, as :class:`~rmqdelay.settings.Settings` would hold them,
@@ -256,22 +304,7 @@ class LightSettings:
 
     @property
     def layout(self) -> Layout:
-        return build_layout(
-            prefix=self.prefix,
-            resolution_ms=self.resolution,
-            radix=self.radix,
-            positions=self.positions,
-            max_delay_ms=self.max_delay,
-            named_tiers_ms=self.named_tiers,
-            max_destination_length=self.max_destination_length,
-            queue_type=self.queue_type,
-            delivery_limit=self.delivery_limit,
-            journal=self.schedule_journal,
-            leader_locator=None
-            if self.queue_leader_locator == "none"
-            else self.queue_leader_locator,
-            quorum_group_size=self.quorum_group_size,
-        )
+        return layout_of(self)
 
     @property
     def urls(self) -> list[str]:
