@@ -444,6 +444,7 @@ def collect(results: Path) -> dict[str, Any]:
             "date": time.strftime("%Y-%m-%d", time.gmtime(doc["generated_at_ms"] / 1000)),
             "machine": doc.get("machine"),
             "broker": doc.get("broker"),
+            "load_before": doc.get("load_before"),
         }
     early = list(_early(figures))
     if early:

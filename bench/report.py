@@ -70,10 +70,18 @@ def render_one(match: re.Match[str], figures: keys.Figures) -> str:
     return number(value, nd)
 
 
+def _load(load: dict[str, Any] | None) -> str:
+    """How busy the machine was just before the workload ran: beside its figures."""
+    if not load or not load.get("loadavg"):
+        return ""
+    busy = load.get("busy_percent", "?")
+    return f" (machine {busy} % busy before, load {load['loadavg'][0]:.1f})"
+
+
 def measured(doc: dict[str, Any]) -> str:
     by_date: dict[str, list[str]] = {}
     for workload, where in doc["measured"].items():
-        by_date.setdefault(where["date"], []).append(workload)
+        by_date.setdefault(where["date"], []).append(workload + _load(where.get("load_before")))
     dates = "; ".join(f"{', '.join(w)} on {d}" for d, w in sorted(by_date.items(), reverse=True))
     # engine43 runs on RabbitMQ 4.3 (its table says so): the header names the suite's broker
     suite = {w: v for w, v in doc["measured"].items() if w != "engine43"} or doc["measured"]
