@@ -237,7 +237,11 @@ async def test_what_waits_past_the_timeout_is_dropped_and_a_late_confirm_ignored
     with caplog.at_level(logging.DEBUG, "aiormq"):
         await on_frame(Basic.Ack(delivery_tag=2, multiple=True))
     assert [s.value for s in book.slots] == [aiormq_private.DROPPED] * 2
-    assert "WARNING" not in caplog.text and channel.confirmations == {}
+    assert channel.confirmations == {}
+    # aiormq 7 passes over the late tags quietly; 6.8 (the oldest allowed) logs each
+    # as ignored: a warning of its own, nothing more
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert all(r.getMessage().endswith("was ignored") for r in loud), caplog.text
 
 
 async def test_a_closing_channel_ends_the_wait_with_its_reason() -> None:
