@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-WORKLOADS = (
-    "publish",
+WORKLOADS = (  # the suite runs them in this order (start-up first, on the quietest machine)
     "startup",
     "list",
+    "publish",
     "e2e",
     "radix",
     "hops",

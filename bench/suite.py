@@ -58,6 +58,7 @@ from bench.common import (
     now_ms,
     quantiles,
 )
+from bench.keys import WORKLOADS
 from bench.peers import PEER_NAMES, make_peer
 from bench.peers.base import Peer
 from bench.scenarios_peers import (
@@ -71,18 +72,6 @@ from bench.scenarios_peers import (
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 ENGINE43_QUICK = ("--rates", "50,250", "--duration", "5", "--repeats", "1", "--memory", "10000")
-WORKLOADS = (
-    "startup",
-    "list",
-    "publish",
-    "e2e",
-    "radix",
-    "hops",
-    "peers",
-    "seeds",
-    "scale",
-    "engine43",
-)
 
 
 @dataclass
