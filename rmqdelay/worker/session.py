@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiormq
-from aio_pika import IncomingMessage
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 from aiormq.abc import DeliveredMessage
 
 from ..amqp.aio_publisher import AsyncPublisher
+from ..amqp.aiopika_private import incoming_message
+from ..amqp.aiormq_private import AT_ONCE, deliver_at_once
 from ..amqp.connections import address_of, connect_async
 from ..amqp.consumers import consuming, is_consumer_timeout, on_broker_cancel
 from ..amqp.journal import write_probe
@@ -142,6 +143,7 @@ class Session:
             session = cls(connection, channel, publisher, settler, lost, consuming)
             session.underlay = underlay
             on_broker_cancel(session.underlay, session.woken.set)
+            deliver_at_once(underlay)
             connection.close_callbacks.add(session._on_close)
             channel.close_callbacks.add(session._on_close)
             park_channel.close_callbacks.add(session._on_close)
@@ -168,10 +170,15 @@ class Session:
         runs the callback in a task of its own, awaited by aiormq's, and the worker
         starts one more that outlives a closing channel. Here aiormq's task hands the
         delivery over, and the worker's task is the only other."""
-        on_message = self.consuming.on_message
+        on_message, build = self.consuming.on_message, incoming_message()
 
-        async def deliver(delivered: DeliveredMessage) -> None:
-            on_message(self, spec, IncomingMessage(delivered, no_ack=False))
+        def hand_over(delivered: DeliveredMessage) -> None:
+            on_message(self, spec, build(delivered))
+
+        async def deliver(delivered: DeliveredMessage) -> None:  # where aiormq starts a task
+            hand_over(delivered)
+
+        setattr(deliver, AT_ONCE, hand_over)  # where it does not (deliver_at_once)
 
         result = await self.underlay.basic_consume(
             queue.name, deliver, arguments=self.consuming.arguments
