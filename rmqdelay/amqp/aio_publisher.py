@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
@@ -289,13 +289,13 @@ class AsyncPublisher(
         except (TimeoutError, asyncio.TimeoutError, *_LOST) as exc:
             raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
 
-    async def _send(self, batch: list[Prepared]) -> list[Outcome]:
+    async def _send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         if len(batch) == 1:  # no window for a lone message
             return [await self._outcome(batch[0])]
         outcomes: list[Outcome] = []
         idle = 0  # channels in a row that closed before anything was written
         while len(outcomes) < len(batch):
-            rest = batch[len(outcomes) :]
+            rest = batch[len(outcomes) :] if outcomes else batch  # read as it goes
             channel = await self._confirm_channel()
             underlay: Any = await channel.get_underlay_channel()
             if not aiormq_private.can_write_frames(underlay):
@@ -316,7 +316,7 @@ class AsyncPublisher(
         return outcomes
 
     async def _send_sliding(
-        self, underlay: Any, batch: list[Prepared]
+        self, underlay: Any, batch: Sequence[Prepared]
     ) -> tuple[list[Outcome], str | None]:
         """Send ``batch`` with up to ``window`` messages unconfirmed, writing a chunk of
         frames at once (:mod:`.aiormq_private`) whenever a chunk's room is free, each

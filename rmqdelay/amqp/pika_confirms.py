@@ -9,7 +9,7 @@ them (a return, a nack, a confirm timeout, a channel or connection lost); the co
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import pika
@@ -60,7 +60,7 @@ class ConfirmChannel(Protocol):
     @property
     def is_open(self) -> bool: ...
 
-    def send(self, batch: list[Prepared]) -> list[Outcome]: ...
+    def send(self, batch: Sequence[Prepared]) -> list[Outcome]: ...
 
     def close(self) -> None: ...
 
@@ -86,6 +86,18 @@ def _failed(core: PublisherCore, out: Outgoing, exc: BaseException, timeout: flo
     return core.unconfirmed(out.message_id, repr(exc))
 
 
+def _up_to(pending: dict[int, Any], tag: int) -> list[int]:
+    """The tags a multiple confirm up to ``tag`` settles: ``pending`` holds tags in the
+    order they were sent, so the scan stops at the first one past it instead of reading
+    the whole window at every confirm."""
+    tags = []
+    for t in pending:
+        if t > tag:
+            break
+        tags.append(t)
+    return tags
+
+
 class OneByOne:
     """pika's public BlockingChannel: a confirm round trip per message, and no deadline
     (pika waits for each confirm until it comes or the connection ends)."""
@@ -103,7 +115,7 @@ class OneByOne:
     def is_open(self) -> bool:
         return bool(self.channel.is_open)
 
-    def send(self, batch: list[Prepared]) -> list[Outcome]:
+    def send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         outcomes: list[Outcome] = []
         for n, prepared in enumerate(batch):
             out = self.core.finalize(prepared)
@@ -186,7 +198,7 @@ class Pipelined:
     def _on_confirm(self, frame: pika.frame.Method[Any]) -> None:
         method = frame.method
         tag = int(method.delivery_tag)
-        tags = [t for t in self.pending if t <= tag] if method.multiple else [tag]
+        tags = _up_to(self.pending, tag) if method.multiple else [tag]
         nack = isinstance(method, pika.spec.Basic.Nack)
         for t in tags:
             index, out = self.pending.pop(t, (-1, None))
@@ -202,7 +214,7 @@ class Pipelined:
                 outcome = PublishResult.of(out)
             self.outcomes[index] = outcome
 
-    def send(self, batch: list[Prepared]) -> list[Outcome]:
+    def send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(batch)
         self.outcomes = outcomes
         number, limit = self.impl.channel_number, int(self.impl.connection.params.frame_max)

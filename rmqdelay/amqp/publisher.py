@@ -12,7 +12,7 @@ publish.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
@@ -228,7 +228,7 @@ class Publisher(
             self._lost = exc
             raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
 
-    def _send(self, batch: list[Prepared]) -> list[Outcome]:
+    def _send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         channel = self._confirm_channel()
         try:
             return channel.send(batch)

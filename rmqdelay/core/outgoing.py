@@ -9,20 +9,23 @@ a message through these stages are in :mod:`.publisher_core`, their steps in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, overload
 
 from ..errors import BatchPublishError, PublishError
 from .clock import datetime_of_ms, ms_of_us
 from .durations import DurationLike
+from .frozen import make
 from .journal import JournalRecord
 from .messages import DESTINATION, DUE_AT, MessageProperties
 from .plan import DelayPlan
 
 __all__ = [
     "ConflictChoice",
+    "Draft",
+    "Drafts",
     "MessageProperties",
     "Outcome",
     "Outgoing",
@@ -30,6 +33,7 @@ __all__ = [
     "PublishOptions",
     "PublishOutcome",
     "PublishResult",
+    "WithRecords",
     "gather_results",
 ]
 
@@ -95,6 +99,110 @@ class Prepared:
         return self.properties.get("correlation_id")
 
 
+class Draft(NamedTuple):
+    """A plain message of ``publish_many`` (no headers, id or properties given), checked,
+    its body encoded and its due time fixed: everything that can fail. Its id and
+    encoded properties are made when the sender reaches it (:class:`Drafts`)."""
+
+    destination: str
+    body: bytes
+    content_type: str
+    due_at_us: int
+
+
+class _MadeWhenRead(Sequence[Prepared]):
+    """Messages of which some are made when first read: indexing, slices and iteration
+    all go through :meth:`_at`, with an index from 0 to ``len(self) - 1``."""
+
+    def _at(self, index: int) -> Prepared:
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, index: int) -> Prepared: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Prepared]: ...
+
+    def __getitem__(self, index: int | slice) -> Prepared | list[Prepared]:
+        if isinstance(index, slice):
+            return [self._at(i) for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError(index)
+        return self._at(index)
+
+    def __iter__(self) -> Iterator[Prepared]:
+        for index in range(len(self)):
+            yield self._at(index)
+
+
+class Drafts(_MadeWhenRead):
+    """A batch in sending order whose drafts become messages when first read.
+
+    Made before the first message went out, a batch's ids and encoded properties left
+    the broker idle for a fifth of a ``publish_many`` (bench/README.md): read as the
+    sender goes, they are made while the broker works through the window before. A
+    message read again is the same object.
+    """
+
+    def __init__(self, items: list[Prepared | Draft], make: Callable[[Draft], Prepared]) -> None:
+        self.items = items
+        """Each message, or its draft until it is read."""
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _at(self, index: int) -> Prepared:
+        item = self.items[index]
+        if isinstance(item, Draft):
+            item = self.items[index] = self._make(item)
+        return item
+
+
+class WithRecords(_MadeWhenRead):
+    """A batch's messages, then the journal writes recording them, ``per_write`` messages
+    each, every write made when first read.
+
+    A sender reads the writes once it has written the messages, so they are made while
+    the broker still works through the messages' window, not before the first message
+    goes out: made before, they left the broker idle for a tenth of a ``publish_many``
+    (bench/README.md). A write read again is the same object.
+    """
+
+    def __init__(
+        self,
+        messages: Sequence[Prepared],
+        write: Callable[[Sequence[Prepared]], Prepared],
+        per_write: int,
+    ) -> None:
+        self.messages = messages
+        self._write = write
+        self._per_write = per_write
+        self._writes: list[Prepared | None] = [None] * -(-len(messages) // per_write)
+
+    def write(self, index: int) -> Prepared:
+        """The journal write of the ``index``-th run of ``per_write`` messages."""
+        made = self._writes[index]
+        if made is None:
+            start = index * self._per_write
+            made = self._writes[index] = self._write(self.messages[start : start + self._per_write])
+        return made
+
+    @property
+    def writes(self) -> list[Prepared]:
+        return [self.write(i) for i in range(len(self._writes))]
+
+    def __len__(self) -> int:
+        return len(self.messages) + len(self._writes)
+
+    def _at(self, index: int) -> Prepared:
+        count = len(self.messages)
+        return self.messages[index] if index < count else self.write(index - count)
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """A message ready for the wire: exchange, key, body and properties."""
@@ -158,13 +266,21 @@ class PublishResult:
 
     @classmethod
     def of(cls, out: Outgoing) -> PublishResult:
-        return cls(
-            out.message_id,
-            out.prepared.destination,
-            out.due_at_ms,
-            out.plan.routing_key,
-            len(out.plan.hops),
-            key=out.prepared.key,
+        prepared, plan = out.prepared, out.plan
+        return make(
+            cls,
+            {
+                "message_id": prepared.message_id,
+                "destination": prepared.destination,
+                "due_at_ms": out.due_at_ms,
+                "routing_key": plan.routing_key,
+                "hops": len(plan.hops),
+                "key": prepared.key,
+                "generation": None,
+                "outcome": "scheduled",
+                "replaced_id": None,
+                "ignored_id": None,
+            },
         )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..errors import DelayError
 from .clock import ms_of_us, us_of_ms
 from .durations import format_ms
+from .frozen import make
 from .layout import DIGITS, Layout, Tier
 
 __all__ = ["DelayPlan", "check_max_delay", "digits_for", "plan_delay"]
@@ -95,17 +96,65 @@ def plan_delay(layout: Layout, delay_us: int, destination: str) -> DelayPlan:
 
     ``destination`` must already be validated (see ``routing.validate_destination``).
     """
-    if delay_us > us_of_ms(layout.max_delay_ms):
+    max_us, unit_us, positional, capacity = _bounds(layout)
+    if delay_us > max_us:
         check_max_delay(layout, delay_us)
-    units = max(0, -(-delay_us // us_of_ms(layout.resolution_ms)))
-    if layout.positional_count == len(layout.positions) and units <= layout.capacity_units:
-        digits = tuple(_positional(layout, units))  # no named tier: digits_for's usual case
+    units = max(0, -(-delay_us // unit_us))
+    hops: list[Tier] = []
+    if positional and units <= capacity:  # no named tier: digits_for's usual case
+        digits = []
+        words = []
+        rest = units
+        for weight, tiers in positional:
+            digit, rest = divmod(rest, weight)
+            digits.append(digit)
+            words.append(DIGITS[digit])
+            if digit:
+                hops.append(tiers[digit - 1])
+        words.append(destination)
+        key = ".".join(words)
     else:
-        digits = digits_for(layout, units)
-    hops = tuple([p.tiers[d - 1] for p, d in zip(layout.positions, digits, strict=True) if d])
-    key = ".".join([*[DIGITS[d] for d in digits], destination])
+        digits = list(digits_for(layout, units))
+        hops = [p.tiers[d - 1] for p, d in zip(layout.positions, digits, strict=True) if d]
+        key = ".".join([*[DIGITS[d] for d in digits], destination])
     if hops:
         exchange, publish_key = hops[0].queue, key  # the first tier's own fanout
     else:  # straight to the work queue, so a missing queue comes back as a return
         exchange, publish_key = "", layout.work_queue(destination)
-    return DelayPlan(units, digits, hops, destination, key, exchange, publish_key)
+    return make(
+        DelayPlan,
+        {
+            "units": units,
+            "digits": tuple(digits),
+            "hops": tuple(hops),
+            "destination": destination,
+            "routing_key": key,
+            "exchange": exchange,
+            "publish_key": publish_key,
+        },
+    )
+
+
+_Bounds = tuple[int, int, tuple[tuple[int, tuple[Tier, ...]], ...], int]
+
+
+def _bounds(layout: Layout) -> _Bounds:
+    """What every plan reads of the layout, kept on it (it is immutable): the most µs,
+    the µs per unit, each position's weight and tiers when every position is positional
+    (else empty), and the units the positional digits can write."""
+    try:
+        return layout.__dict__["_plan_bounds"]  # type: ignore[no-any-return]
+    except KeyError:
+        positional = (
+            tuple((p.weight, p.tiers) for p in layout.positions)
+            if layout.positional_count == len(layout.positions)
+            else ()
+        )
+        bounds = (
+            us_of_ms(layout.max_delay_ms),
+            us_of_ms(layout.resolution_ms),
+            positional,
+            layout.capacity_units,
+        )
+        object.__setattr__(layout, "_plan_bounds", bounds)
+        return bounds

@@ -8,7 +8,7 @@ the flows lets an adapter (pika, aio-pika, the in-memory stub) depend on it alon
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -43,7 +43,9 @@ class CheckQueue:
 class Send:
     """A step: send these messages in this order; answer one :data:`Outcome` each."""
 
-    batch: list[Prepared]
+    batch: Sequence[Prepared]
+    """Read in order as the messages go out: a batch's journal writes are made when
+    first read (:class:`~rmqdelay.core.outgoing.WithRecords`)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ general code it stands in for, or against the client library's own encoder.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -18,13 +20,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rmqdelay import Settings
+from rmqdelay.amqp.pika_confirms import _up_to
 from rmqdelay.amqp.publisher import pika_properties
 from rmqdelay.core import wire
 from rmqdelay.core.journal import JournalRecord, encode_record, encode_scheduled
+from rmqdelay.core.layout import DIGITS, Layout
 from rmqdelay.core.messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, amqp_properties
+from rmqdelay.core.outgoing import Draft, Drafts, Prepared, PublishResult, WithRecords
+from rmqdelay.core.plan import digits_for, plan_delay
 from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.steps import Send
 from rmqdelay.core.templates import PropertyTemplates, new_message_id
-from rmqdelay.errors import InvalidMessageError
+from rmqdelay.errors import DelayError, InvalidMessageError
 
 CORE = PublisherCore(Settings(max_delay="2h").layout)
 texts = st.text(max_size=40)
@@ -193,3 +200,137 @@ def test_a_plain_publish_prepares_what_the_general_path_prepares(
     plain = core.prepare(destination, body, delay=delay, now=now)
     general = core.prepare(destination, body, delay=delay, now=now, message_id=plain.message_id)
     assert plain == general
+
+
+def _holds_every_field(made: object) -> None:
+    """Made by :func:`rmqdelay.core.frozen.make`: every field in its ``__dict__`` (none
+    left to a class default) and equal to what ``__init__`` makes of them."""
+    names = {f.name for f in dataclasses.fields(made)}  # type: ignore[arg-type]
+    assert vars(made).keys() == names
+    assert made == type(made)(**vars(made))
+
+
+def test_the_objects_a_publish_makes_hold_every_field() -> None:
+    core = PublisherCore(Settings(max_delay="2h").layout)
+    plain = core.prepare("orders", b"abc", delay="1m")
+    keyed = core._prepare_keyed("orders", b"abc", "1m", None, None, "k-1", "ignore")
+    for prepared in (plain, keyed):
+        _holds_every_field(prepared)
+        out = core.finalize(prepared)
+        _holds_every_field(out)
+        _holds_every_field(out.plan)
+        _holds_every_field(PublishResult.of(out))
+    assert keyed.key == "k-1" and keyed.on_conflict == "ignore"
+    assert PublishResult.of(core.finalize(keyed)).key == "k-1"
+
+
+@st.composite
+def positional_layouts(draw: st.DrawFn) -> Layout:
+    return Settings(
+        resolution=f"{draw(st.sampled_from([1, 10, 1000]))}ms",
+        radix=draw(st.integers(2, 16)),
+        max_delay=f"{draw(st.integers(1, 400 * 86_400_000))}ms",
+    ).layout
+
+
+@given(positional_layouts(), st.data())
+def test_a_plans_short_path_is_digits_for(layout: Layout, data: st.DataObject) -> None:
+    """No named tier: plan_delay writes the digits itself; digits_for's are the same."""
+    delay_us = data.draw(st.integers(-(10**6), layout.max_delay_ms * 1000))
+    plan = plan_delay(layout, delay_us, "orders")
+    digits = digits_for(layout, plan.units)
+    assert plan.digits == digits
+    positions = zip(layout.positions, digits, strict=True)
+    assert plan.hops == tuple(p.tiers[d - 1] for p, d in positions if d)
+    assert plan.routing_key == ".".join([*(DIGITS[d] for d in digits), "orders"])
+
+
+def test_a_batchs_journal_writes_are_made_when_first_read() -> None:
+    messages = [CORE.prepare("orders", b"x", delay="1m") for _ in range(5)]
+    made: list[int] = []
+
+    def write(chunk: Sequence[Prepared]) -> Prepared:
+        made.append(len(chunk))
+        return CORE.journal_write(chunk, now_ms=7)
+
+    batch = WithRecords(messages, write, 2)
+    assert len(batch) == 8 and made == []
+    assert batch[:5] == messages and batch[-4] is messages[4] and made == []
+    first = batch[5]
+    assert made == [2] and first.journal_records == 2
+    assert batch[5] is first and batch.write(0) is first and made == [2]
+    assert list(batch)[5:] == [first, batch[6], batch[7]] and made == [2, 2, 1]
+    assert batch[-1].journal_records == 1
+    with pytest.raises(IndexError):
+        batch[8]
+
+
+def test_a_batch_whose_records_are_not_the_usual_line_has_them_made_first() -> None:
+    """A record that may fail to encode (headers of the caller's) is made before the
+    first message goes out; the usual line, as the sender reaches it."""
+    core = PublisherCore(Settings(max_delay="2h").layout)
+    core.known_destinations.add("orders")
+    core._journal_checked = True
+    for headers, made_first in ((None, False), ({"tenant": "t-1"}, True)):
+        requests = [
+            {"destination": "orders", "body": b"x", "delay": 60, "headers": headers}
+            for _ in range(3)
+        ]
+        flow = core.publish_many(requests)
+        step = next(flow)
+        assert isinstance(step, Send) and isinstance(step.batch, WithRecords)
+        assert (step.batch._writes[0] is not None) is made_first
+        flow.close()
+
+
+def test_publish_many_prepares_a_plain_request_as_prepare_does() -> None:
+    """Its short way round ``prepare(**request)`` keeps prepare's errors."""
+    core = PublisherCore(Settings(max_delay="2h").layout)
+    with pytest.raises(TypeError):
+        next(core.publish_many([{"destination": "orders", "delay": 1}]))
+    with pytest.raises(DelayError, match="either delay= or at="):
+        next(core.publish_many([{"destination": "orders", "body": b"", "delay": 1, "at": 1}]))
+    with pytest.raises(TypeError, match="'bogus'"):
+        next(core.publish_many([{"destination": "orders", "body": b"", "bogus": 1}]))
+
+
+def test_a_multiple_confirm_settles_the_tags_up_to_its_own() -> None:
+    pending = dict.fromkeys([4, 5, 7, 9])
+    assert _up_to(pending, 7) == [4, 5, 7]
+    assert _up_to(pending, 3) == [] and _up_to(pending, 100) == [4, 5, 7, 9]
+
+
+def test_publish_manys_plain_messages_are_made_as_the_sender_reads_them() -> None:
+    """Checked before anything is sent (a bad one raises at once), made when read."""
+    core = PublisherCore(Settings(max_delay="2h", schedule_journal=False).layout)
+    core.known_destinations.add("orders")
+    with pytest.raises(DelayError):
+        next(
+            core.publish_many(
+                [
+                    *[{"destination": "orders", "body": b"x", "delay": 1}] * 3,
+                    {"destination": "orders", "body": b"x", "delay": -1},
+                ]
+            )
+        )
+    requests = [{"destination": "orders", "body": b"x", "delay": d} for d in (30, 10, 20)]
+    flow = core.publish_many(requests)
+    step = next(flow)
+    assert isinstance(step, Send) and isinstance(step.batch, Drafts)
+    assert [type(item) for item in step.batch.items] == [Draft] * 3
+    first = step.batch[0]
+    assert isinstance(first, Prepared) and step.batch[0] is first
+    assert step.batch.items[0] is first and type(step.batch.items[1]) is Draft
+    sent = list(step.batch)
+    assert sent[0] is first and [p.due_at_us for p in sent] == sorted(p.due_at_us for p in sent)
+    outs = [PublishResult.of(core.finalize(p)) for p in sent]
+    try:
+        flow.send(outs)
+    except StopIteration as stop:
+        results = stop.value
+    # in the order asked: the first request (30 s) was sent last
+    assert [r.message_id for r in results] == [
+        sent[2].message_id,
+        sent[0].message_id,
+        sent[1].message_id,
+    ]
