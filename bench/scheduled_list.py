@@ -35,7 +35,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEFAULT_AMQP_URL, broker_info, machine_info, machine_load, now_ms
+from bench.common import (
+    DEFAULT_AMQP_URL,
+    broker_info,
+    machine_info,
+    machine_load,
+    masked,
+    now_ms,
+)
 from rmqdelay import Publisher, Settings, TopologyManager
 
 RESULTS = Path(__file__).resolve().parent / "results" / "list.json"
@@ -78,13 +85,25 @@ connection.close()
 """
 
 
-def _settings(url: str) -> Settings:
-    return Settings(
+def prepare(url: str, name: str = "list") -> tuple[Settings, dict[str, str]]:
+    """A fresh prefix (``bench-{name}-...``) with its topology for :data:`DESTINATION`,
+    and the environment the timed commands run with (its settings)."""
+    settings = Settings(
         url=url,
-        prefix=f"bench-list-{uuid.uuid4().hex[:6]}",
+        prefix=f"bench-{name}-{uuid.uuid4().hex[:6]}",
         max_delay="2h",
         connection_name="bench",
     )
+    with TopologyManager(settings) as manager:
+        manager.apply([DESTINATION])
+    env = {
+        **os.environ,
+        "RMQDELAY_URL": url,
+        "RMQDELAY_PREFIX": settings.prefix,
+        "RMQDELAY_MAX_DELAY": "2h",
+    }
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return settings, env
 
 
 def fill(settings: Settings, messages: int) -> float:
@@ -156,16 +175,7 @@ def check(name: str, out: str, messages: int) -> None:
 
 
 def measure(url: str, messages: int, repeats: int) -> dict[str, Any]:
-    settings = _settings(url)
-    with TopologyManager(settings) as manager:
-        manager.apply([DESTINATION])
-    env = {
-        **os.environ,
-        "RMQDELAY_URL": url,
-        "RMQDELAY_PREFIX": settings.prefix,
-        "RMQDELAY_MAX_DELAY": "2h",
-    }
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    settings, env = prepare(url)
     todo = commands(
         sys.executable,
         str(Path(sys.executable).with_name("rmqdelay")),
@@ -198,15 +208,59 @@ def measure(url: str, messages: int, repeats: int) -> dict[str, Any]:
     } | {"fill_s": round(fill_s, 1)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.scheduled_list", description=__doc__.splitlines()[0]
-    )
+def write_results(
+    workload: str,
+    command: list[str],
+    url: str,
+    out: Path,
+    load_before: dict[str, Any],
+    params: dict[str, Any],
+    results: dict[str, Any],
+) -> None:
+    """Say the load after; write the workload's JSON (machine, broker, load, params);
+    a URL in ``command`` is written masked (no password in a results file)."""
+    command = masked(command)
+    load_after = [round(v, 2) for v in os.getloadavg()]
+    print(f"load average before {load_before['loadavg']}, after {load_after}")
+    doc = {
+        "workload": workload,
+        "generated_at_ms": now_ms(),
+        "command": command,
+        "machine": machine_info(),
+        "broker": asyncio.run(broker_info(url)),
+        "load_before": load_before,
+        "load_after": {"loadavg": load_after},
+        "params": params,
+        "results": results,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+
+
+def parse_args(
+    argv: list[str] | None,
+    module: str,
+    doc: str,
+    messages: int,
+    out: Path,
+    fill: tuple[str, ...] = (),
+) -> argparse.Namespace:
+    """``--url``, ``--messages``, ``--repeats``, ``--out``: this bench's and
+    :mod:`bench.schedule_index`'s, each with its own defaults; ``--fill`` when ``fill``
+    names its choices (the first is the default)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
     parser.add_argument("--url", default=DEFAULT_AMQP_URL)
-    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--messages", type=int, default=messages)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=out)
+    if fill:
+        parser.add_argument("--fill", choices=fill, default=fill[0])
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, "bench.scheduled_list", __doc__ or "", 100_000, RESULTS)
     load_before = machine_load(2.0)
     results = measure(args.url, args.messages, args.repeats)
     print(f"\nscheduled list of {args.messages:,} pending, median of {args.repeats}:")
@@ -216,22 +270,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {name:<8} {row['median_s']:>6.2f} s  {row['ratio_to_raw']:>5.2f} x raw  "
                 f"peak RSS {row['peak_rss_mib']:.0f} MiB"
             )
-    load_after = [round(v, 2) for v in os.getloadavg()]
-    print(f"load average before {load_before['loadavg']}, after {load_after}")
-    doc = {
-        "workload": "list",
-        "generated_at_ms": now_ms(),
-        "command": ["python", "-m", "bench.scheduled_list", *(argv or [])],
-        "machine": machine_info(),
-        "broker": asyncio.run(broker_info(args.url)),
-        "load_before": load_before,
-        "load_after": {"loadavg": load_after},
-        "params": {"messages": args.messages, "repeats": args.repeats, "limit": LIMIT},
-        "results": results,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_results(
+        "list",
+        ["python", "-m", "bench.scheduled_list", *(argv or [])],
+        args.url,
+        args.out,
+        load_before,
+        {"messages": args.messages, "repeats": args.repeats, "limit": LIMIT},
+        results,
+    )
     return 0
 
 

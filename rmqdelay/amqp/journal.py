@@ -31,6 +31,9 @@ from ..core.journal_flows import JournalFlow, UntilMarker
 from ..core.journal_steps import Append, JournalStep, Read, ReadEnd, stream_offset
 from ..core.layout import Layout
 from ..core.steps import Steps
+from ..settings_light import BrokerSettings
+from .blocking import close_connection
+from .connections import connect_blocking
 
 if TYPE_CHECKING:
     from aio_pika.abc import (
@@ -45,9 +48,11 @@ __all__ = [
     "JournalWriter",
     "append_records",
     "journal_step_async",
+    "read_once",
     "read_stream",
     "run_journal",
     "run_journal_async",
+    "stream_end",
     "write_probe",
 ]
 
@@ -80,6 +85,18 @@ def run_journal(
         return read_stream(open_reader(), step)
 
     return flows.run(flow, do)
+
+
+def read_once(settings: BrokerSettings, flow: JournalFlow[T]) -> T:
+    """Carry out a flow that reads the journal once, as its last step (``scheduled
+    list``: its marker appended, then the journal read to it), on one connection of its
+    own: a publisher's connection and channel, and a reader's second connection, cost
+    ``scheduled list`` three round trips and a handshake more. The read closes it."""
+    connection = connect_blocking(settings, "journal")
+    try:
+        return run_journal(flow, connection, lambda: connection)
+    finally:
+        close_connection(connection, settings.confirm_timeout)
 
 
 def append_records(connection: pika.BlockingConnection, step: Append) -> bool:
@@ -220,6 +237,8 @@ class _Stream:
         self.heard = asyncio.Event()
         self.stopped = False
         self.live = False
+        self.offset = -1
+        """The stream offset of the latest message taken (-1: none yet)."""
         self._unacked = 0
         self._acked = 0
         self._acking = asyncio.Lock()
@@ -234,6 +253,7 @@ class _Stream:
         await queue.consume(self._on_message, arguments={"x-stream-offset": offset})
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        self.offset = max(self.offset, _offset_of(message, self.offset))
         self._unacked += 1
         self._latest = message
         if self._unacked >= _ACK_EVERY:
@@ -286,6 +306,47 @@ class _Stream:
             self._flush = None
         if self.channel is not None:
             await _close_quietly(self.channel)
+
+
+def _offset_of(message: AbstractIncomingMessage, default: int) -> int:
+    """The stream offset the broker stamps on each delivery (``x-stream-offset``)."""
+    offset = (message.headers or {}).get("x-stream-offset")
+    return offset if isinstance(offset, int) else default
+
+
+async def stream_end(connection: AbstractConnection, name: str, *, first_s: float = 2.0) -> int:
+    """The offset of the stream's last message as of now (-1: empty), learned without
+    writing to it, for a reader that may not append a marker of its own.
+
+    A consumer at ``last`` is sent the stream's last chunk at once; the end is the
+    highest offset heard before it goes quiet (``first_s`` for the first delivery,
+    a tenth of that after). A write landing meanwhile makes it a later end, never an
+    earlier one: what was confirmed before the call is at or below it.
+    """
+    channel = await connection.channel()
+    seen = -1
+    heard = asyncio.Event()
+
+    async def take(message: AbstractIncomingMessage) -> None:
+        nonlocal seen
+        seen = max(seen, _offset_of(message, seen))
+        heard.set()
+        await message.ack()
+
+    try:
+        await channel.set_qos(prefetch_count=_PREFETCH)
+        queue = await channel.get_queue(name, ensure=False)
+        await queue.consume(take, arguments={"x-stream-offset": "last"})
+        wait = first_s
+        while True:
+            heard.clear()
+            try:
+                await asyncio.wait_for(heard.wait(), wait)
+            except asyncio.TimeoutError:
+                return seen
+            wait = first_s / 10
+    finally:
+        await _close_quietly(channel)
 
 
 async def _close_quietly(channel: AbstractChannel) -> None:
@@ -413,15 +474,25 @@ class JournalTail:
         *,
         since_ms: int | None = None,
         wants: Callable[[bytes], bool] | None = None,
+        on_marker: Callable[[str], None] | None = None,
+        read_only: bool = False,
     ) -> None:
-        """``wants``: which lines to decode and hand on (see ``Tombstones.wants``)."""
+        """``wants``: which lines to decode and hand on (see ``Tombstones.wants``);
+        ``on_marker``: told the id of each marker read (see ``UntilMarker``);
+        ``read_only``: a broker user refused the write of the tail's marker still follows
+        (``wrote_marker`` False, ``caught_up`` then never set: the caller learns the
+        end otherwise, see :func:`stream_end`)."""
         self.name = flows.require_journal(layout, "following the schedule")
+        self.read_only = read_only
+        self.wrote_marker = False
         self.connection = connection
         self.layout = layout
         self.since_ms = now_ms() - layout.max_delay_ms if since_ms is None else since_ms
         self.caught_up = asyncio.Event()
         self._marker = flows.new_marker(now_ms())
-        self._reader = UntilMarker(self._marker.message_id, on_record, wants=wants)
+        self._reader = UntilMarker(
+            self._marker.message_id, on_record, wants=wants, on_marker=on_marker
+        )
         self._stream = _Stream(self._take)
 
     @property
@@ -433,6 +504,20 @@ class JournalTail:
     def channel(self) -> AbstractChannel | None:
         return self._stream.channel
 
+    @property
+    def offset(self) -> int:
+        """The stream offset of the latest message read (-1: none yet)."""
+        return self._stream.offset
+
+    async def read_to(self, offset: int) -> None:
+        """Return once the tail has read the message at ``offset`` (or a later one);
+        the tail then acks as it does past its marker."""
+        stream = self._stream
+        while stream.offset < offset:
+            stream.heard.clear()
+            await stream.heard.wait()
+        stream.live = True
+
     def _take(self, body: bytes) -> bool:
         if self._reader(body):
             self._stream.live = True
@@ -442,7 +527,12 @@ class JournalTail:
     async def start(self) -> JournalTail:
         import aiormq
 
-        await run_journal_async(flows.append(self.layout, [self._marker]), self.connection)
+        try:
+            await run_journal_async(flows.append(self.layout, [self._marker]), self.connection)
+            self.wrote_marker = True
+        except aiormq.exceptions.ChannelAccessRefused:
+            if not self.read_only:
+                raise
         offset = stream_offset(self.since_ms)
         try:
             await self._stream.start(self.connection, self.name, offset)

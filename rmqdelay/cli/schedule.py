@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from .options import (
     broker_options,
     epilog,
     friendly_errors,
+    light_settings_from,
     out,
     settings_from,
     usage_error,
@@ -32,6 +34,7 @@ from .options import (
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress, TaskID
 
     from ..core.journal import CancelResult
     from ..core.reschedule import RescheduleResult
@@ -47,6 +50,7 @@ scheduled_app = Group(
     no_args_is_help=True,
 )
 _PROGRESS_AFTER_S = 1.0
+_record, _message_id = itemgetter(0), attrgetter("message_id")
 
 
 @contextmanager
@@ -63,8 +67,9 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _due_before(text: str | None) -> datetime | None:
-    """``--due-before``: an ISO 8601 time, or a duration from now such as ``10m``."""
+def _due_before(text: str | None, option: str = "--due-before") -> datetime | None:
+    """``--due-before``: an ISO 8601 time, or a duration from now such as ``10m``; a usage
+    error naming *option* otherwise (the dashboard's time fields read the same)."""
     if text is None:
         return None
     from ..core.durations import parse_duration_us
@@ -77,11 +82,11 @@ def _due_before(text: str | None) -> datetime | None:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise usage_error(
-            f"--due-before {text!r} is neither a duration (10m) nor ISO 8601 "
+            f"{option} {text!r} is neither a duration (10m) nor ISO 8601 "
             "(2026-11-21T15:00:00+00:00)"
         ) from None
     if at.tzinfo is None:
-        raise usage_error(f"--due-before {text!r} has no timezone: add one, e.g. +00:00 or Z")
+        raise usage_error(f"{option} {text!r} has no timezone: add one, e.g. +00:00 or Z")
     return at
 
 
@@ -132,54 +137,82 @@ def scheduled_list(
     config: Path | None,
 ) -> None:
     """List the messages still ahead and not cancelled, soonest first, every copy."""
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    from ..amqp.publisher import Publisher
+    from ..amqp.journal import read_once
     from ..core.clock import ms_of_datetime
     from ..core.journal_flows import require_journal, scheduled_rows
-    from .schedule_rows import RICH_ROWS, json_line, numbered, plain_table, write_lines
+    from .schedule_rows import json_lines, numbered, write_lines
 
     before = _due_before(due_before)
-    settings = settings_from(url, prefix, config)
+    settings = light_settings_from(url, prefix, config)
     require_journal(settings.layout, "`scheduled list`")
-    started = time.monotonic()
-    with (
-        Publisher(settings) as publisher,
-        Progress(
-            SpinnerColumn(),
-            TextColumn("reading the schedule journal: {task.completed:,} records"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-            disable=as_json,
-        ) as progress,
-    ):
-        task = progress.add_task("read", total=None, visible=False)
-
-        def seen(count: int) -> None:
-            visible = time.monotonic() - started > _PROGRESS_AFTER_S
-            progress.update(task, completed=count, visible=visible)
-
-        rows = publisher._run(
+    progress = _ReadProgress(shown=not as_json)
+    try:
+        rows = read_once(
+            settings,
             scheduled_rows(
                 settings.layout,
                 destination=destination,
                 due_before_ms=None if before is None else ms_of_datetime(before),
                 timeout=settings.confirm_timeout,
-                progress=seen,
+                progress=progress,
                 key=key,
-            )
+            ),
         )
+    finally:
+        progress.close()
     # copies are counted over everything the filters let through, then --limit cuts
-    copies = Counter(record.message_id for record, _ in rows)
+    copies = Counter(map(_message_id, map(_record, rows)))
     if limit is not None:
         del rows[limit:]
     if as_json:
-        write_lines(map(json_line, numbered(rows, copies)), sys.stdout.write)
+        write_lines(json_lines(rows, copies), sys.stdout.write)
         return
     shown = list(numbered(rows, copies))
     del rows
+    _print_table(shown)
+
+
+class _ReadProgress:
+    """The line "reading the schedule journal: N records" on stderr, once a read took
+    over :data:`_PROGRESS_AFTER_S`; rich's progress is imported then, not at every start
+    (most reads end sooner, and ``--json`` shows none)."""
+
+    def __init__(self, *, shown: bool) -> None:
+        self.shown = shown
+        self.started = time.monotonic()
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __call__(self, count: int) -> None:
+        if not self.shown:
+            return
+        if self._progress is None:
+            if time.monotonic() - self.started <= _PROGRESS_AFTER_S:
+                return
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("reading the schedule journal: {task.completed:,} records"),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task("read", total=None)
+        assert self._task is not None
+        self._progress.update(self._task, completed=count)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+def _print_table(shown: list[Row]) -> None:
+    """The rows as a table (rich's on a terminal, when few), then how many."""
+    from .schedule_rows import RICH_ROWS, plain_table, write_lines
+
     several = len({r.record.message_id for r in shown if r.copies > 1})
     console = out(emoji=False)
     if console.is_terminal and len(shown) <= RICH_ROWS:

@@ -25,6 +25,7 @@ from .journal import (
     JournalRecord,
     ScheduleView,
     decode_lines,
+    decode_records,
     encode_records,
     journal_name,
     plan_cancels,
@@ -78,30 +79,39 @@ class UntilMarker:
         on_record: Callable[[JournalRecord], None],
         progress: Callable[[int], None] | None = None,
         wants: Callable[[bytes], bool] | None = None,
+        on_marker: Callable[[str], None] | None = None,
     ) -> None:
         self.marker_id = marker_id
         self.on_record = on_record
         self.progress = progress
         self.wants = wants
         """Lines it returns False for are counted, not decoded (see ``Tombstones.wants``)."""
+        self.on_marker = on_marker
+        """Told the id of every marker read, its own and others' (a reader that appends
+        markers of its own later, to know it has read to the end again)."""
         self.count = 0
         self.reached = False
 
     def __call__(self, body: bytes) -> bool:
         found = False
-        lines = body.split(b"\n")
-        if self.wants is not None:
+        if self.wants is None:
+            records = decode_records(body)
+        else:
+            lines = body.split(b"\n")
             kept = [line for line in lines if self.wants(line)]
             self.count += len(lines) - len(kept)
-            lines = kept
-        for record in decode_lines(lines):
+            records = decode_lines(kept)
+        on_record, progress = self.on_record, self.progress
+        for record in records:
             if record.kind == "marker":
                 found = found or record.message_id == self.marker_id
+                if self.on_marker is not None:
+                    self.on_marker(record.message_id)
                 continue
             self.count += 1
-            self.on_record(record)
-            if self.progress is not None and self.count % PROGRESS_EVERY == 0:
-                self.progress(self.count)
+            on_record(record)
+            if progress is not None and self.count % PROGRESS_EVERY == 0:
+                progress(self.count)
         self.reached = self.reached or found
         return found
 
@@ -244,12 +254,11 @@ def scheduled_rows(
         found = [r for r in found if r.key == key]
     if limit is not None:
         found = found[:limit]
-    return [(r, _generation(view, r)) for r in found]
+    return [(r, None if r.key is None else _generation(view, r)) for r in found]
 
 
 def _generation(view: ScheduleView, record: JournalRecord) -> int | None:
-    if record.key is None:
-        return None
+    """A keyed copy's generation (scheduled_rows asks only for those)."""
     entry = view.keys.by_id.get(record.message_id)
     return getattr(entry, "number", None)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import FrozenInstanceError, fields, replace
 from datetime import datetime, timezone
 from decimal import Decimal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,8 +20,11 @@ from rmqdelay.core.journal import (
     decode_records,
     encode_record,
     encode_records,
+    encode_scheduled,
     journal_name,
+    json_text,
     max_age,
+    plain_record,
     plan_cancels,
 )
 
@@ -121,7 +127,8 @@ def test_pending_is_every_future_copy_without_a_tombstone_after_it_soonest_first
     assert sorted(_copies(pending)) == sorted(expected)
     assert len(pending) == len(expected)  # a copy once, however often it was recorded
     assert all(r == expected[r.message_id, r.due_at_ms] for r in pending)  # its last record
-    assert [r.due_at_ms for r in pending] == sorted(r.due_at_ms for r in pending)
+    # soonest first, copies due at the same time in id order (ids and times meet often)
+    assert _copies(pending) == sorted(_copies(pending), key=lambda c: (c[1], c[0]))
 
 
 @given(st.lists(copy_records, max_size=20).flatmap(lambda h: st.permutations(h)), nows)
@@ -408,3 +415,78 @@ def test_a_write_decoded_at_once_is_each_line_decoded_alone(lines: list[bytes]) 
     the others is still skipped alone, and every readable record comes back in order."""
     alone = [r for line in lines if (r := decode_record(line)) is not None]
     assert decode_records(b"\n".join(lines)) == alone
+
+
+# The usual record, as publish_many writes it (encode_scheduled, no key), with ids and
+# destinations the fast path takes (plain ASCII) and those it leaves to the JSON parser
+# (quotes, backslashes, control characters, non-ASCII): one regular expression reads a
+# write made only of such lines.
+_usual_texts = st.text("ab-_.:/ 09") | st.text(max_size=6)
+usual_lines = st.builds(
+    encode_scheduled,
+    message_id=_usual_texts,
+    destination=_usual_texts,
+    due_at_ms=st.integers(0, 2**63),
+    attempt=st.integers(0, 100),
+    body_size=st.integers(0, 2**31),
+    recorded_at_ms=st.integers(0, 2**53),
+)
+_odd_usual = st.sampled_from(
+    [
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":01,"a":1,"n":0,"t":0}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":-1,"a":1,"n":0,"t":0}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1.5,"a":1,"n":0,"t":0}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1e3,"a":1,"n":0,"t":0}',
+        b'{"v":1, "k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0}\r',
+        b'{"v":1,"k":"scheduled","id":"a\\/b","d":"o","due":1,"a":1,"n":0,"t":0}',
+        b'{"v":2,"k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0}',
+    ]
+)
+
+
+@given(
+    st.lists(usual_lines, min_size=1, max_size=6), st.lists(usual_lines | _odd_usual, max_size=3)
+)
+def test_a_write_of_usual_records_reads_as_the_json_parser_reads_it(
+    usual: list[bytes], more: list[bytes]
+) -> None:
+    for lines in (usual, usual + more, more + usual):
+        alone = [r for line in lines if (r := decode_record(line)) is not None]
+        assert decode_records(b"\n".join(lines)) == alone
+
+
+@given(records)
+def test_a_plain_record_is_the_constructors_record(record: JournalRecord) -> None:
+    made = plain_record(
+        record.kind,
+        record.message_id,
+        record.destination,
+        record.due_at_ms,
+        record.attempt,
+        record.body_size,
+        record.recorded_at_ms,
+    )
+    built = JournalRecord(
+        record.kind,
+        record.message_id,
+        record.destination,
+        record.due_at_ms,
+        record.attempt,
+        record.body_size,
+        recorded_at_ms=record.recorded_at_ms,
+    )
+    assert made == built and repr(made) == repr(built)
+    assert vars(made) == vars(built) and list(vars(made)) == [f.name for f in fields(built)]
+    other = plain_record("scheduled", "x", "d", 1, 1, 0, 0)
+    for name in ("headers", "properties", "data"):  # a mapping of its own, as the constructor's
+        assert getattr(made, name) is not getattr(other, name)
+    assert replace(made, due_at_ms=7) == replace(built, due_at_ms=7)
+    with pytest.raises(FrozenInstanceError):
+        made.due_at_ms = 1  # type: ignore[misc]
+
+
+@given(st.text())
+def test_json_text_writes_a_string_as_json_dumps_does(text: str) -> None:
+    """The encoder's undocumented helper and its stand-in, ``json.dumps``, agree."""
+    assert json_text(text) == json.dumps(text)

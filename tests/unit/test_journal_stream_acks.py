@@ -19,6 +19,7 @@ class Delivered:
     def __init__(self, tag: int, wire: list[int], rng: random.Random) -> None:
         self.delivery_tag = tag
         self.body = b""
+        self.headers = {"x-stream-offset": 1000 + tag}  # the broker stamps each delivery
         self.wire, self.rng = wire, rng
 
     async def ack(self, multiple: bool = False) -> None:
@@ -44,6 +45,7 @@ async def test_acks_reach_the_wire_in_rising_order_whatever_the_writes_do(
         await deliver(stream, 60, wire, seed)
         assert wire == sorted(set(wire)), f"seed {seed}: acks {wire}"
         assert wire[-1] == 60
+        assert stream.offset == 1060  # the latest offset read: a reader's end is known
 
 
 async def test_a_live_tail_acks_once_for_what_came_within_its_window() -> None:

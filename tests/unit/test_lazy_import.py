@@ -198,6 +198,31 @@ def test_a_publish_run_imports_the_publisher_and_pydantic_only_when_needed(
     assert not {"rmqdelay.cli.worker", "rmqdelay.cli.bridge"} & loaded
 
 
+def test_a_scheduled_list_run_reads_without_pydantic_the_publisher_or_a_progress() -> None:
+    """``rmqdelay scheduled list --json`` up to the connection (refused) reads plain
+    settings without pydantic, and needs neither the publisher (one connection of its
+    own reads the journal) nor rich's progress (shown only after a second of reading)."""
+    found = _run(
+        """
+        import json, os, socket, sys
+        with socket.socket() as sock:  # a free port, closed again: connection refused
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        os.environ["RMQDELAY_URL"] = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+        from rmqdelay.cli import main
+        sys.argv = ["rmqdelay", "scheduled", "list", "--json"]
+        try:
+            main()
+        except SystemExit as exc:
+            code = exc.code
+        heavy = ("pika", "pydantic", "pydantic_settings", "rmqdelay.settings",
+                 "rmqdelay.amqp.publisher", "rich.progress", "aio_pika")
+        print(json.dumps({"code": code, "loaded": [m for m in heavy if m in sys.modules]}))
+        """
+    )
+    assert found == {"code": 1, "loaded": ["pika"]}  # cannot connect
+
+
 def test_the_cli_copies_of_constants_match_their_sources() -> None:
     """The CLI spells these out to build its options without importing their modules."""
     from rmqdelay.amqp.status import MAX_PARKED_PEEK

@@ -4,6 +4,8 @@ plain table lines up every column whatever the rows hold."""
 from __future__ import annotations
 
 import json
+from collections import Counter
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,6 +15,8 @@ from rmqdelay.cli.schedule_rows import (
     Row,
     iso_ms,
     json_line,
+    json_lines,
+    numbered,
     plain_table,
     recurring_of,
     write_lines,
@@ -58,6 +62,18 @@ def test_a_json_line_is_what_json_dumps_writes(row: Row) -> None:
         "recurring": recurring_of(r),
     }
     assert json_line(row) == json.dumps(expected, separators=(",", ":"))
+
+
+@given(st.lists(rows, max_size=12), st.integers(1, 20))
+def test_the_json_lines_are_the_numbered_rows_json_lines(found: list[Row], spread: int) -> None:
+    """Ids repeat (a few shared ids), so copies are numbered in order as numbered() does."""
+    pairs = [
+        (replace(row.record, message_id=f"m{i % spread}"), row.generation)
+        for i, row in enumerate(found)
+    ]
+    copies = Counter(record.message_id for record, _ in pairs)
+    expected = [json_line(row) for row in numbered(pairs, copies)]
+    assert list(json_lines(pairs, copies)) == expected
 
 
 @given(st.lists(rows, min_size=1, max_size=20))
