@@ -1,11 +1,16 @@
 # rmqdelay developer tasks.  `make test` is the documented test command; CI runs it.
 #
-#   make venv     .venv with the package and its dev extras (redone when pyproject.toml changes)
+#   make venv     .venv with the package, its dev and dashboard extras (redone when
+#                 pyproject.toml changes)
 #   make broker   make sure a RabbitMQ broker is up (scripts/broker.py)
-#   make lint     ruff + mypy (rmqdelay, tests, bench, scripts), with the dev extras alone
+#   make lint     ruff + mypy (rmqdelay, tests, bench, scripts), with the dev and dashboard
+#                 extras alone
 #   make test     lint, then pytest over tests/ with coverage of rmqdelay and its floor
 #                 (PYTEST_ARGS='-k foo -x' passes options through, and lifts the floor)
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
+#   make test-browser  the dashboard in headless Chromium (tests/browser, Selenium; installs
+#                 Debian's chromium and chromium-driver when missing); CI runs it after make test
+#   make screenshots  the same, its screenshots written to docs/screenshots (the README's)
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq43  the suite against RabbitMQ 4.3 in a Debian sid chroot on :5683
 #                 (make rmq43-stop); CI runs it beside `make test` (3.10)
@@ -62,18 +67,18 @@ WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
 	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
 	unset out url mgmt;
 
-.PHONY: venv broker lint test unit test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist interop-deps clean distclean
+.PHONY: venv broker lint test unit test-browser screenshots test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist interop-deps clean distclean
 
 venv: $(STAMP_DEV)
 
 $(STAMP_DEV): pyproject.toml
 	@if [ -z "$(BOOT_PYTHON)" ]; then echo "make venv: need python3 >= 3.10 (python3.11 preferred)" >&2; exit 1; fi
 	@if [ ! -x $(PY) ]; then echo "creating $(VENV) with $(BOOT_PYTHON)"; $(BOOT_PYTHON) -m venv $(VENV); fi
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,dashboard]'
 	@touch $@
 
 $(STAMP_BENCH): pyproject.toml $(STAMP_DEV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,dashboard,bench]'
 	@touch $@
 
 # Succeeds on a Docker-only machine without starting anything (pytest starts the container).
@@ -84,6 +89,7 @@ broker: venv
 # they are not installed (pyproject's mypy overrides), so the dev extras suffice
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check rmqdelay tests bench scripts examples docker
 	$(VENV)/bin/mypy
 
 test: venv lint broker
@@ -94,6 +100,24 @@ test: venv lint broker
 
 unit: venv
 	$(VENV)/bin/pytest -q -m unit tests/unit $(PYTEST_ARGS)
+
+# The dashboard driven in a real browser: Debian's chromium and chromium-driver, headless,
+# through Selenium (the dev extra); installed here when missing (as root, like CI). The
+# tests save their screenshots in $RMQDELAY_SCREENSHOTS, else a temp folder (the tree
+# stays clean); `make screenshots` runs them writing docs/screenshots (the README shows one).
+test-browser: venv broker
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+		echo "test-browser: installing chromium and chromium-driver"; \
+		apt-get install -y -qq chromium chromium-driver >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }; \
+	fi; \
+	$(WITH_BROKER) \
+	rc=0; $(VENV)/bin/pytest -q -p no:cacheprovider -m browser tests/browser $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-browser: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
+	exit $$rc
+
+screenshots:
+	RMQDELAY_SCREENSHOTS=$(CURDIR)/docs/screenshots $(MAKE) test-browser
 
 # The whole suite against a newer RabbitMQ from a Debian chroot built once on first use
 # (scripts/brokers/chroot.py; where: $$RMQDELAY_RMQ43_ROOT, $$RMQDELAY_RMQ4_ROOT): 4.3.6
@@ -162,7 +186,7 @@ PY310 ?= $(shell for p in python3.10 $$(ls -d $(PYENV_ROOT)/versions/3.10*/bin/p
 test-oldest: broker
 	@if [ -z "$(PY310)" ]; then echo "test-oldest: no Python 3.10 here; skipped"; exit 0; fi; \
 	[ -x .venv310/bin/python ] || $(PY310) -m venv .venv310; \
-	.venv310/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'; \
+	.venv310/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev,dashboard]'; \
 	$(WITH_BROKER) .venv310/bin/pytest -q -p no:cacheprovider tests/unit \
 		tests/broker/test_delivery.py tests/broker/test_worker.py
 
@@ -186,7 +210,7 @@ test-deps: broker
 		if [ "$$want" != "$$have" ]; then rm -rf $$venv; $$py -m venv $$venv; fi; \
 		$(PY) scripts/deps_ends.py $$end > $$venv/constraints.txt; \
 		$$venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \
-			--upgrade-strategy eager -c $$venv/constraints.txt -e '.[dev]'; \
+			--upgrade-strategy eager -c $$venv/constraints.txt -e '.[dev,dashboard]'; \
 		echo "== test-deps, $$end: $$($$venv/bin/python --version) $$($$venv/bin/python scripts/deps_ends.py --installed $$end) =="; \
 		( $(WITH_BROKER) $$venv/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEPS_TESTS) ) \
 			|| { rc=1; echo "test-deps: FAILED on the $$end versions" >&2; }; \

@@ -14,6 +14,7 @@ from pydantic import (
     BeforeValidator,
     Field,
     Secret,
+    SecretStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -157,6 +158,21 @@ class Settings(BaseSettings):
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     """A client certificate and key, when the broker asks for one."""
+    dashboard_host: str = "127.0.0.1"
+    """Where ``rmqdelay dashboard`` listens: loopback unless told otherwise; any other
+    address needs ``dashboard_token`` or ``dashboard_user`` and ``dashboard_password``."""
+    dashboard_port: int = Field(8088, ge=0, le=65535)
+    dashboard_token: SecretStr | None = Field(None, repr=False)
+    """A bearer token the dashboard asks for (``Authorization: Bearer``, or the login
+    form); shown masked, like the URL."""
+    dashboard_user: str | None = None
+    dashboard_password: SecretStr | None = Field(None, repr=False)
+    """HTTP basic authentication for the dashboard, with ``dashboard_user``."""
+    dashboard_read_only: bool = False
+    """The dashboard shows and refuses every action (cancel, replay, pause, ...)."""
+    dashboard_worker_metrics: list[str] = Field(default_factory=list)
+    """Workers' Prometheus metrics URLs (``rmqdelay worker --metrics-port``): the
+    dashboard's overview shows their liveness and lateness; none: not shown."""
 
     @field_validator("url")
     @classmethod
@@ -179,6 +195,14 @@ class Settings(BaseSettings):
         if path is not None and not path.is_file():
             raise ValueError(f"{info.field_name} {str(path)!r} is not a file")
         return path
+
+    @model_validator(mode="after")
+    def _dashboard_login_pairs(self) -> Settings:
+        if (self.dashboard_user is None) != (self.dashboard_password is None):
+            raise ValueError(
+                "dashboard_user and dashboard_password go together: set both, or neither"
+            )
+        return self
 
     @field_validator("radix")
     @classmethod

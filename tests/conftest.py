@@ -128,6 +128,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.broker)
         elif "cluster" in parts:  # make cluster-test; left out of the default run
             item.add_marker(pytest.mark.cluster)
+        elif "browser" in parts:  # make test-browser; left out of the default run
+            item.add_marker(pytest.mark.browser)
 
 
 def _broker_path(item: pytest.Function) -> list[str] | None:

@@ -110,8 +110,10 @@ class ParkedQueue:
         delay: timedelta = timedelta(0),
         limit: int | None = None,
         progress: Progress | None = None,
+        message_id: str | None = None,
     ) -> ReplayReport:
-        """Publish parked messages back to their destinations as attempt 1.
+        """Publish parked messages back to their destinations as attempt 1 (those of
+        ``destination``, or the one of ``message_id``, when given).
 
         Each one leaves parking only once its copy is confirmed; one that cannot be
         sent (its work queue is gone, say) stays parked and is listed in the report.
@@ -126,6 +128,8 @@ class ParkedQueue:
                 if progress is not None:
                     progress(seen)
                 if destination is not None and parked.destination != destination:
+                    continue
+                if message_id is not None and parked.message_id != message_id:
                     continue
                 if parked.destination is None:
                     report.skipped.append((parked.message_id, "no destination is known"))
@@ -151,16 +155,28 @@ class ParkedQueue:
             await channel.close()
         return report
 
-    async def purge(self, destination: str | None = None) -> int:
-        """Delete parked messages (of ``destination``); return how many."""
+    async def purge(
+        self,
+        destination: str | None = None,
+        *,
+        message_id: str | None = None,
+        progress: Progress | None = None,
+    ) -> int:
+        """Delete parked messages (of ``destination``, or the one of ``message_id``);
+        return how many."""
         channel, queue, total = await self._open()
         try:
-            if destination is None:
+            if destination is None and message_id is None:
                 result = await queue.purge()
                 return int(result.message_count or 0)
-            deleted = 0
+            deleted = seen = 0
             async for message, parked in self._walk(queue, total):
-                if parked.destination == destination:
+                seen += 1
+                if progress is not None:
+                    progress(seen)
+                if destination is not None and parked.destination != destination:
+                    continue
+                if message_id is None or parked.message_id == message_id:
                     await message.ack()
                     deleted += 1
             return deleted

@@ -52,6 +52,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "recurring": ("recurring", "app"),
     "status": ("status", "status"),
     "bridge": ("bridge", "app"),
+    "dashboard": ("dashboard", "dashboard_command"),
 }
 
 

@@ -2,9 +2,9 @@
 broker needed here).
 
 ``python`` blocks run as scripts; an ``sh`` block runs when every command in it is
-``rmqdelay ...`` (not a long-running ``rmqdelay worker``) or an ``export`` of an
-``RMQDELAY_*`` variable. The worker's reconnect pauses and the CLI's exit codes are read
-from the prose, so that tests can hold the code to them.
+``rmqdelay ...`` (not a long-running ``rmqdelay worker`` or ``rmqdelay dashboard``) or
+an ``export`` of an ``RMQDELAY_*`` variable. The worker's reconnect pauses and the CLI's
+exit codes are read from the prose, so that tests can hold the code to them.
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ def commands(block: str) -> list[str]:
     return [line for line in lines if line]
 
 
+LONG_RUNNING = ("rmqdelay worker ", "rmqdelay dashboard")
+"""Commands that run until stopped: a README example of them is not run."""
+
+
 def runnable(block: str) -> bool:
     found = commands(block)
     return bool(found) and all(
-        (c.startswith("rmqdelay ") and not c.startswith("rmqdelay worker "))
+        (c.startswith("rmqdelay ") and not c.startswith(LONG_RUNNING))
         or c.startswith("export RMQDELAY_")
         for c in found
     )

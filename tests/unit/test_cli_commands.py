@@ -120,6 +120,7 @@ COMMAND_LINE: dict[str, list[str]] = {
     "recurring resume": ["NAME", "--json", *SHARED],
     "recurring remove": ["NAME", "--json", *SHARED],
     "recurring list": ["--json", *SHARED],
+    "dashboard": ["--host", "--port", "--token", "--read-only", "--worker-metrics", *SHARED],
 }
 # the commands of each group, in the order the help lists them
 GROUPS = {
@@ -135,6 +136,7 @@ GROUPS = {
         "recurring",
         "status",
         "bridge",
+        "dashboard",
     ],
     "topology": ["plan", "apply", "verify", "destroy"],
     "parked": ["list", "replay", "purge"],

@@ -23,11 +23,14 @@ PACKAGE = "rmqdelay"
 ROOT = Path(__file__).resolve().parents[2]
 
 # layer -> what it must not import (a module and everything below it)
+# the dashboard is the top layer: it may use the CLI's wording; the CLI starts it only
+# inside its command (rmqdelay/cli/dashboard.py), and nothing else imports it
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rmqdelay.core": (
         "rmqdelay.amqp",
         "rmqdelay.worker",
         "rmqdelay.cli",
+        "rmqdelay.dashboard",
         "rmqdelay.settings",
         "pika",
         "aio_pika",
@@ -35,8 +38,12 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "pamqp",
         "pydantic_settings",
     ),
-    "rmqdelay.amqp": ("rmqdelay.worker", "rmqdelay.cli"),
-    "rmqdelay.worker": ("rmqdelay.cli",),
+    "rmqdelay.amqp": ("rmqdelay.worker", "rmqdelay.cli", "rmqdelay.dashboard"),
+    "rmqdelay.worker": ("rmqdelay.cli", "rmqdelay.dashboard"),
+    "rmqdelay.settings": ("rmqdelay.dashboard",),
+    "rmqdelay.settings_light": ("rmqdelay.dashboard",),
+    "rmqdelay.errors": ("rmqdelay.dashboard",),
+    "rmqdelay.testing": ("rmqdelay.dashboard",),
 }
 
 
@@ -204,6 +211,18 @@ def _cycles(graph: dict[str, dict[str, Import]]) -> list[list[str]]:
             path.append(nxt)
             seen.add(nxt)
     return cycles
+
+
+def test_only_the_dashboard_command_imports_the_dashboard() -> None:
+    """Its libraries are an extra: any other module importing it would need them."""
+    found = [
+        imp.where()
+        for imp in ALL_IMPORTS
+        if _within(imp.target, "rmqdelay.dashboard")
+        and not _within(imp.module, "rmqdelay.dashboard")
+        and (imp.module != "rmqdelay.cli.dashboard" or imp.at_import_time)
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_no_import_cycle_at_import_time() -> None:

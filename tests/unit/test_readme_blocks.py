@@ -69,11 +69,12 @@ def test_the_exit_2_examples_exit_2_before_connecting(example: str) -> None:
 
 def test_make_test_says_which_tests_it_runs() -> None:
     addopts = re.search(r"^addopts = (.*)$", PYPROJECT.read_text(), flags=re.M)
-    assert addopts and "-m 'not cluster'" in addopts[1]  # what the README's wording rests on
+    # what the README's wording rests on
+    assert addopts and "-m 'not cluster and not browser'" in addopts[1]
     # each "make test  # ..." line of the README, with the comment lines that continue it
     said = re.findall(r"^make test +#.*(?:\n +#.*)*", README.read_text(), flags=re.M)
     assert len(said) >= 2, said
     for words in said:
         assert "whole" not in words, words
-        assert "but the cluster ones" in words or "but tests/cluster" in words, words
-        assert "make cluster-test runs those" in words, words
+        assert "but the cluster and browser ones" in words or "but tests/cluster" in words, words
+        assert "make cluster-test and make test-browser" in words, words

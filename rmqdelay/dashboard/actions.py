@@ -1,0 +1,196 @@
+"""The dashboard's actions, each one call of the publishers' or the parked queue's own
+API (nothing here decides what a cancel or a replay does), and each answer in words.
+
+Every action returns an :class:`Outcome`: whether it did what was asked, a sentence
+for the page (the CLI's wording where the CLI has one), and the API's JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from ..core.clock import iso_of_ms, now_ms
+from ..settings import Settings
+
+__all__ = ["Job", "Jobs", "Outcome", "cancel", "reschedule", "switch_recurring"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    text: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "text": self.text, **self.data}
+
+
+def cancel(settings: Settings, message_id: str) -> Outcome:
+    """Cancel every copy of ``message_id`` (``rmqdelay cancel``)."""
+    from ..amqp.publisher import Publisher
+    from ..cli.schedule import _said
+
+    with Publisher(settings) as publisher:
+        (result,) = publisher.cancel(message_id)
+    return Outcome(
+        result.outcome == "cancelled", f"{message_id}: {_said(result)}", result.to_json()
+    )
+
+
+def reschedule(settings: Settings, message_id: str, at: datetime | None) -> Outcome:
+    """Move ``message_id`` to ``at``, or run it now when None (``rmqdelay reschedule``;
+    the page works out "+1h" from the schedule it shows)."""
+    from ..amqp.publisher import Publisher
+    from ..cli.schedule import _moved
+
+    with Publisher(settings) as publisher:
+        if at is None:
+            result = publisher.reschedule(message_id, delay=0)
+        else:
+            result = publisher.reschedule(message_id, at=at)
+    return Outcome(
+        result.outcome == "rescheduled", f"{message_id}: {_moved(result)}", result.to_json()
+    )
+
+
+def switch_recurring(settings: Settings, name: str, op: Literal["pause", "resume"]) -> Outcome:
+    """Pause or resume a recurring schedule (``rmqdelay recurring pause|resume``)."""
+    from ..amqp.publisher import Publisher
+
+    with Publisher(settings) as publisher:
+        if op == "pause":
+            result = publisher.pause_recurring(name)
+        else:
+            result = publisher.resume_recurring(name)
+    said = {
+        "paused": "paused: its occurrences go on, no handler runs until it is resumed",
+        "resumed": "resumed from its next occurrence",
+        "unknown": "unknown: no such schedule in the journal",
+    }.get(result.outcome, result.outcome)
+    return Outcome(result.outcome in ("paused", "resumed"), f"{name}: {said}", result.to_json())
+
+
+def run_recurring_now(settings: Settings, name: str) -> Outcome:
+    """Run a recurring schedule's pending occurrence now: a reschedule of it to now,
+    which needs ``journal_bodies`` (the occurrence's body is published again)."""
+    from ..amqp.publisher import Publisher
+    from ..cli.schedule import _moved
+
+    with Publisher(settings) as publisher:
+        schedules = {s.name: s for s in publisher.list_recurring()}
+        schedule = schedules.get(name)
+        if schedule is None:
+            return Outcome(False, f"{name}: unknown: no such schedule in the journal")
+        pending = schedule.next_occurrence(now_ms())
+        message_id = schedule.message_ids.get(pending) if pending is not None else None
+        if message_id is None:
+            return Outcome(False, f"{name}: no pending occurrence to run now")
+        result = publisher.reschedule(message_id, delay=0)
+    return Outcome(
+        result.outcome == "rescheduled",
+        f"{name}: occurrence {iso_of_ms(pending or 0)}: {_moved(result)}",
+        result.to_json(),
+    )
+
+
+@dataclass
+class Job:
+    """Long work (a replay, a purge) run in the background, with its progress."""
+
+    id: str
+    what: str
+    total: int | None = None
+    seen: int = 0
+    done: bool = False
+    outcome: Outcome | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "what": self.what,
+            "total": self.total,
+            "seen": self.seen,
+            "done": self.done,
+            "outcome": None if self.outcome is None else self.outcome.to_json(),
+            "seconds": round(time.monotonic() - self.started, 1),
+        }
+
+
+class Jobs:
+    """The background jobs of this dashboard (kept until it stops; few and small)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def new(self, what: str) -> Job:
+        with self._lock:
+            job = Job(str(next(self._ids)), what)
+            self._jobs[job.id] = job
+        return job
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold the task until it ends (asyncio keeps only a weak reference)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def replay_parked(
+    settings: Settings, job: Job, destination: str | None, message_id: str | None
+) -> Outcome:
+    """``rmqdelay parked replay``: each parked message of the filter goes back to its
+    destination as attempt 1, once its copy is confirmed."""
+    from ..amqp.parked_queue import ParkedQueue
+
+    async with ParkedQueue(settings) as parked:
+        job.total = await parked.count()
+
+        def seen(n: int) -> None:
+            job.seen = n
+
+        report = await parked.replay(
+            destination, delay=timedelta(0), progress=seen, message_id=message_id
+        )
+    from .refusals import explain_text
+
+    text = f"replayed {report.replayed} message(s)"
+    if report.skipped:
+        why = "; ".join(
+            f"{mid or '-'}: {explain_text(reason, settings)}" for mid, reason in report.skipped[:5]
+        )
+        text += f"; {len(report.skipped)} stayed parked ({why})"
+    data = {"replayed": report.replayed, "skipped": [list(s) for s in report.skipped]}
+    ok = not report.skipped and (message_id is None or report.replayed == 1)
+    if message_id is not None and report.replayed == 0 and not report.skipped:
+        text = f"{message_id}: not found in the parking queue (replayed or purged already?)"
+    return Outcome(ok, text, data)
+
+
+async def purge_parked(
+    settings: Settings, job: Job, destination: str | None, message_id: str | None
+) -> Outcome:
+    """``rmqdelay parked purge``: delete the parked messages of the filter, for good."""
+    from ..amqp.parked_queue import ParkedQueue
+
+    async with ParkedQueue(settings) as parked:
+        job.total = await parked.count()
+
+        def seen(n: int) -> None:
+            job.seen = n
+
+        count = await parked.purge(destination, message_id=message_id, progress=seen)
+    which = f" of {destination!r}" if destination else ""
+    which += f" with id {message_id!r}" if message_id else ""
+    return Outcome(True, f"purged {count} parked message(s){which}", {"purged": count})

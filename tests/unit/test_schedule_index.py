@@ -1,0 +1,251 @@
+"""The schedule index pages exactly what the journal's view says is pending, in order.
+
+The model is :class:`~rmqdelay.core.journal.ScheduleView` folded over the same random
+journal: its :meth:`pending`, filtered and sorted naively, is what a walk over every
+page of the index must give, for every filter, order and page size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from unittest.mock import patch
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmqdelay.core import schedule_index
+from rmqdelay.core.journal import JournalRecord, RecordKind, ScheduleView
+from rmqdelay.core.schedule_index import (
+    BUCKETS,
+    CursorError,
+    Page,
+    PageQuery,
+    ScheduleIndex,
+    sort_taken,
+)
+
+KINDS: tuple[RecordKind, ...] = (
+    *("scheduled",) * 5,  # most records: publishes and retries
+    "cancelled",
+    "rescheduled",
+    "claimed",
+    "done",
+    "marker",
+)
+IDS = ["a", "b", "c.d", "e"]
+DESTINATIONS = ["orders", "emails", "x"]
+KEYS = [None, None, "k1", "k2"]
+# due times on both sides of each bucket's edge, for nows of 0 and 1
+DUES = [0, 1, 2, 59_999, 60_001, 3_600_001, 86_400_002, 30 * 86_400_001, 10**11]
+
+
+@st.composite
+def a_record(draw: st.DrawFn) -> JournalRecord:
+    kind = draw(st.sampled_from(KINDS))
+    key = draw(st.sampled_from(KEYS)) if kind != "cancelled" else None
+    return JournalRecord(
+        kind,
+        draw(st.sampled_from(IDS)),
+        draw(st.sampled_from(DESTINATIONS)),
+        draw(st.sampled_from(DUES)),
+        recorded_at_ms=draw(st.integers(0, 5)),
+        cancels_due_ms=tuple(draw(st.lists(st.sampled_from(DUES), max_size=3))),
+        key=key,
+        on_conflict=draw(st.sampled_from([None, "ignore", "replace"])) if key else None,
+        fresh_copy=draw(st.booleans()),
+    )
+
+
+journals = st.lists(a_record(), max_size=40)
+queries = st.builds(
+    PageQuery,
+    destination=st.none() | st.sampled_from([*DESTINATIONS, "nowhere"]),
+    key=st.none() | st.sampled_from(["k1", "k2"]),
+    message_id=st.none() | st.sampled_from(IDS),
+    due_from_ms=st.none() | st.sampled_from(DUES),
+    due_to_ms=st.none() | st.sampled_from(DUES),
+    order=st.sampled_from(["soonest", "newest"]),
+    limit=st.integers(1, 4),
+)
+nows = st.sampled_from([0, 1, 60_000])
+
+
+def naive(view: ScheduleView, query: PageQuery, now_ms: int) -> list[JournalRecord]:
+    """What the page walk must give: the view's pending copies, filtered and sorted."""
+    found = [
+        r
+        for r in view.pending(now_ms, destination=query.destination, due_before_ms=query.due_to_ms)
+        if (query.key is None or r.key == query.key)
+        and (query.message_id is None or r.message_id == query.message_id)
+        and (query.due_from_ms is None or r.due_at_ms >= query.due_from_ms)
+    ]
+    if query.order == "newest":
+        found.sort(key=lambda r: (-r.recorded_at_ms, r.message_id, r.due_at_ms))
+    return found
+
+
+def walk(index: ScheduleIndex, query: PageQuery, now_ms: int) -> list[Page]:
+    pages = [index.page(query, now_ms)]
+    while pages[-1].next_cursor is not None:
+        assert len(pages) <= 50, "the cursor walk does not end"
+        pages.append(
+            index.page(PageQuery(**{**vars(query), "after": pages[-1].next_cursor}), now_ms)
+        )
+    return pages
+
+
+def check(
+    index: ScheduleIndex, records: Sequence[JournalRecord], query: PageQuery, now: int
+) -> None:
+    view = ScheduleView().extend(records)
+    expected = naive(view, query, now)
+    pages = walk(index, query, now)
+    got = [row for page in pages for row in page.rows]
+    assert [(r.message_id, r.due_at_ms) for r in got] == [
+        (r.message_id, r.due_at_ms) for r in expected
+    ]
+    assert got == expected
+    assert {page.total for page in pages} == {len(expected)}
+    assert all(len(page.rows) == query.limit for page in pages[:-1])
+    assert pages[-1].rows or len(pages) == 1
+
+
+@settings(max_examples=200)
+@given(journals, queries, nows)
+def test_pages_walk_the_views_pending_copies_in_order(
+    records: list[JournalRecord], query: PageQuery, now: int
+) -> None:
+    check(ScheduleIndex().extend(records), records, query, now)
+
+
+@settings(max_examples=80)
+@given(journals, journals, queries, nows)
+def test_an_index_read_on_agrees_at_every_point(
+    first: list[JournalRecord], then: list[JournalRecord], query: PageQuery, now: int
+) -> None:
+    """Pages asked between records (a dashboard following the journal) agree too."""
+    index = ScheduleIndex().extend(first)
+    check(index, first, query, now)
+    index.extend(then)
+    check(index, [*first, *then], query, now)
+
+
+@settings(max_examples=80)
+@given(journals, journals, queries, nows, st.sampled_from([1, 2, 1000]))
+def test_sorting_aside_while_the_fold_goes_on_changes_no_page(
+    first: list[JournalRecord],
+    then: list[JournalRecord],
+    query: PageQuery,
+    now: int,
+    chunk: int,
+) -> None:
+    """A batch taken to be sorted in a worker thread, the fold going on meanwhile
+    (cancels and replaces among it): once put back, the pages are the view's."""
+    index = ScheduleIndex()
+    index.extend(first[: len(first) // 2])
+    index.page(query, now)  # some sorted already
+    index.extend(first[len(first) // 2 :])
+    taken = index.take_unsorted()
+    with pytest.raises(RuntimeError, match="still being sorted"):
+        index.take_unsorted()
+    with patch.object(schedule_index, "SORT_CHUNK", chunk):
+        done = sort_taken(taken)
+    index.extend(then)
+    index.put_sorted(done)
+    check(index, [*first, *then], query, now)
+
+
+@given(journals, queries, st.sampled_from([0, 1, 2, 60_001]))
+def test_forgetting_due_copies_changes_no_page(
+    records: list[JournalRecord], query: PageQuery, now: int
+) -> None:
+    index = ScheduleIndex().extend(records)
+    index.forget_due(now)
+    check(index, records, query, now)
+    assert all(due > now for lists in index._lists.values() for due, _ in lists.soonest)
+
+
+@given(journals, nows)
+def test_counts_per_destination_and_due_bucket(records: list[JournalRecord], now: int) -> None:
+    index = ScheduleIndex().extend(records)
+    pending = ScheduleView().extend(records).pending(now)
+    per_destination: dict[str, int] = {}
+    for r in pending:
+        per_destination[r.destination] = per_destination.get(r.destination, 0) + 1
+    assert index.by_destination(now) == dict(sorted(per_destination.items()))
+    buckets = index.due_buckets(now)
+    assert list(buckets) == [name for name, _ in BUCKETS]
+    assert sum(buckets.values()) == len(pending)
+    assert buckets["minute"] == sum(1 for r in pending if r.due_at_ms <= now + 60_000)
+    assert buckets["later"] == sum(1 for r in pending if r.due_at_ms > now + 30 * 86_400_000)
+
+
+@given(journals, nows)
+def test_copies_are_the_ids_pending_copies_soonest_first(
+    records: list[JournalRecord], now: int
+) -> None:
+    index = ScheduleIndex().extend(records)
+    pending = ScheduleView().extend(records).pending(now)
+    for message_id in IDS:
+        assert index.copies(message_id, now) == [r for r in pending if r.message_id == message_id]
+
+
+@given(journals)
+def test_history_is_every_record_of_the_id_in_journal_order(records: list[JournalRecord]) -> None:
+    index = ScheduleIndex().extend(records)
+    for message_id in IDS:
+        assert index.history(message_id) == [
+            r for r in records if r.message_id == message_id and r.kind != "marker"
+        ]
+
+
+def test_a_replace_hides_the_message_it_supersedes_and_a_cancel_takes_a_copy_out() -> None:
+    first = JournalRecord("scheduled", "m1", "orders", 5_000, key="k", on_conflict="ignore")
+    index = ScheduleIndex().extend([first, JournalRecord("scheduled", "m0", "orders", 9_000)])
+    assert [r.message_id for r in index.page(PageQuery(), 0).rows] == ["m1", "m0"]
+    index.add(JournalRecord("scheduled", "m2", "orders", 7_000, key="k", on_conflict="replace"))
+    assert [r.message_id for r in index.page(PageQuery(), 0).rows] == ["m2", "m0"]
+    index.add(JournalRecord("cancelled", "m0", "orders", 9_000))
+    page = index.page(PageQuery(key="k"), 0)
+    assert [r.message_id for r in page.rows] == ["m2"] and page.total == 1
+    assert index.page(PageQuery(), 0).total == 1
+
+
+def test_a_page_costs_the_same_whatever_is_pending() -> None:
+    """The first page reads ``limit + 1`` copies, never the whole schedule: a sort of
+    every pending copy would call this key function once per copy."""
+    index = ScheduleIndex().extend(
+        JournalRecord("scheduled", f"m{i}", "orders", 1_000 + i, recorded_at_ms=i)
+        for i in range(20_000)
+    )
+    looked_up = 0
+    copies = index.view.copies
+
+    class Counting(dict):  # type: ignore[type-arg]
+        def __getitem__(self, key: object) -> JournalRecord:
+            nonlocal looked_up
+            looked_up += 1
+            return copies[key]  # type: ignore[index]
+
+    index.view.copies = Counting()
+    for order in ("soonest", "newest"):
+        looked_up = 0
+        page = index.page(PageQuery(order=order, limit=50, due_from_ms=5_000), 0)
+        assert page.total == 16_000 and len(page.rows) == 50
+        assert looked_up == 51
+    index.view.copies = copies
+
+
+def test_a_cursor_from_another_order_or_hand_edited_is_refused_clearly() -> None:
+    index = ScheduleIndex().extend(
+        [JournalRecord("scheduled", f"m{i}", "orders", 1_000 + i) for i in range(3)]
+    )
+    cursor = index.page(PageQuery(limit=1), 0).next_cursor
+    assert cursor is not None
+    with pytest.raises(CursorError, match="start again from the first page"):
+        index.page(PageQuery(order="newest", after=cursor), 0)
+    with pytest.raises(CursorError, match="not one this schedule gave"):
+        index.page(PageQuery(after="s.notanumber.m1"), 0)
+    with pytest.raises(ValueError, match="at least one row"):
+        index.page(PageQuery(limit=0), 0)
