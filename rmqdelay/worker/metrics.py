@@ -90,9 +90,7 @@ class MetricsHook(WorkerHook):
         if late is not None:
             child = self._lateness.get(delivery.destination)
             if child is None:
-                child = self._lateness[delivery.destination] = LATENESS.labels(
-                    delivery.destination
-                )
+                child = self._lateness[delivery.destination] = LATENESS.labels(delivery.destination)
             child.observe(seconds_of_ms(max(0, late)))
         return False
 

@@ -352,9 +352,8 @@ def heal(index: int | None = None) -> None:
         _ctl(node, "start_app")
 
     def whole() -> bool:
-        return (
-            running_nodes(0) == len(names) == running_nodes(index)
-            and not _partitions_on_record(0)
+        return running_nodes(0) == len(names) == running_nodes(index) and not _partitions_on_record(
+            0
         )
 
     started = time.monotonic()
