@@ -3,6 +3,7 @@
     python -m bench.bridge                       # both measures, 3 rounds each, alternating
     python -m bench.bridge --only carry --count 20000 --rounds 5
     python -m bench.bridge --only lateness --rate 500 --duration 4
+    python -m bench.bridge --only lateness --rounds 5 --duration 8 --lateness-bridges 1 --breakdown
 
 * ``carry``: how fast two ``rmqdelay bridge run`` processes carry messages from the inbox
   into the tiers (scheduled: confirmed there and journaled, then acked), against the sync
@@ -17,7 +18,12 @@
   the bridge's exchange with ``x-delay`` (a plugin user's publisher), two bridge processes,
   read off a quorum queue bound to the delivery exchange. Both are read by a bare aio-pika
   consumer in this process, so the difference is the bridge's alone. Target: the bridge
-  adds at most 20 ms to p99 lateness.
+  adds at most 20 ms to p99 lateness. A third side each round, ``relay``, is its floor:
+  the bridge's two extra quorum queue hops done by bare clients, no delay
+  (:mod:`bench.peers.relay`); each side's own processes' CPU per message is kept (the
+  bridges', the relay's). ``--breakdown``: the bridges log each message (JSON), and the
+  bridge's lateness is split into the inbox hop, the tiers up to stage 2's handler, and
+  the way out to the consumer (:func:`breakdown`).
 
 Everything is created under a fresh ``bench-bridge-<hex>`` prefix and removed at the end;
 the figures go to ``bench/results/bridge.json`` (``--out``). Public ground only: rmqdelay
@@ -33,15 +39,18 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -59,11 +68,13 @@ from bench.common import (
     machine_info,
     machine_load,
     now_ms,
+    percentile,
     proc_cpu_seconds,
 )
 from bench.measures import LONG, sync_many
 from bench.peers._amqp import AmqpPeer, make_message
 from bench.peers.base import Item, run_windowed, unique_prefix
+from bench.peers.relay import RelayPeer
 from bench.peers.rmqdelay_peer import RmqdelayPeer
 from bench.scenarios_peers import Sizes, steady_run
 from rmqdelay import Settings, TopologyManager
@@ -130,22 +141,37 @@ class Bridges:
 
 @contextlib.contextmanager
 def bridges(
-    env: dict[str, str], exchange: str, count: int = BRIDGES, *, metrics: bool = True
+    env: dict[str, str],
+    exchange: str,
+    count: int = BRIDGES,
+    *,
+    metrics: bool = True,
+    logs: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> Iterator[Bridges]:
     """``count`` bridge processes; ``metrics``: each serves its counters (and, as
     ``--metrics-port`` does, refreshes the queue gauges every 15 s: a status snapshot
-    the lateness runs do without)."""
+    the lateness runs do without); ``logs``: a directory where each writes its JSON log
+    at INFO (one line per message handled: see :func:`breakdown`)."""
     ports = [_free_port() for _ in range(count)] if metrics else []
-    procs = [
-        subprocess.Popen(
-            [*CLI, "bridge", "run", "--exchange", exchange]
-            + (["--metrics-port", str(ports[n])] if metrics else []),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-        for n in range(count)
-    ]
+    procs = []
+    with contextlib.ExitStack() as files:
+        for n in range(count):
+            command = [*CLI, "bridge", "run", "--exchange", exchange, *extra]
+            command += ["--metrics-port", str(ports[n])] if metrics else []
+            log_file: Any = subprocess.DEVNULL
+            if logs is not None:
+                command += ["--log-level", "INFO", "--log-format", "json"]
+                log_file = files.enter_context((logs / f"bridge{n}.log").open("wb"))
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log_file if logs is not None else None,
+                )
+            )
     found = Bridges(procs, ports)
     try:
         yield found
@@ -318,9 +344,18 @@ class BridgePeer(AmqpPeer):
 
     slug = "bridge"
 
-    def __init__(self, topology: Topology, count: int = BRIDGES, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        count: int = BRIDGES,
+        logs: Path | None = None,
+        extra: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
         self.topology = topology
         self.count = count
+        self.logs = logs
+        self.extra = tuple(extra)
         super().__init__(topology.url, **kwargs)
         self.name = f"bridge-{count}"
         self.description = (
@@ -328,6 +363,7 @@ class BridgePeer(AmqpPeer):
             "(x-delay header, confirms) and a quorum queue bound to the delivery exchange"
         )
         self._bridges: contextlib.ExitStack | None = None
+        self.running: Bridges | None = None
         self._exchange: AbstractExchange | None = None
 
     async def _declare(self) -> None:
@@ -339,7 +375,9 @@ class BridgePeer(AmqpPeer):
         await declared.bind(t.delivery, routing_key="k")
         self._exchange = await self.pub.get_exchange(t.exchange, ensure=False)
         self._bridges = contextlib.ExitStack()
-        self._bridges.enter_context(bridges(t.env, t.exchange, self.count, metrics=False))
+        self.running = self._bridges.enter_context(
+            bridges(t.env, t.exchange, self.count, metrics=False, logs=self.logs, extra=self.extra)
+        )
         work = t.settings.layout.work_queue(t.destination)
         n = self.count
         await asyncio.to_thread(
@@ -369,6 +407,9 @@ class BridgePeer(AmqpPeer):
     async def drain(self, expected_ids: Collection[str], timeout: float) -> list[Record]:
         return await self.arrivals.wait_for(expected_ids, timeout)
 
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.running.procs] if self.running is not None else []
+
     async def teardown(self) -> None:
         if self._bridges is not None:
             await asyncio.to_thread(self._bridges.close)
@@ -376,31 +417,130 @@ class BridgePeer(AmqpPeer):
         await super().teardown()
 
 
+STEPS = ("inbox_ms", "tiers_ms", "out_ms", "hops_ms")
+"""The breakdown's steps (see :func:`breakdown`)."""
+
+
+def _handled(logs: Path) -> dict[str, tuple[float, float]]:
+    """Per message id, from the bridges' JSON logs: when stage 2's handler started (epoch
+    ms: the line's time less the handler's duration) and its lateness against the due
+    time stage 1 set."""
+    found: dict[str, tuple[float, float]] = {}
+    for path in sorted(logs.glob("bridge*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            doc = json.loads(line)
+            if doc.get("message") != "handled" or "message_id" not in doc:
+                continue
+            logged = datetime.fromisoformat(doc["time"]).timestamp() * 1000
+            start = logged - float(doc.get("duration_ms", 0))
+            found[str(doc["message_id"])] = (start, float(doc["lateness_ms"]))
+    return found
+
+
+def breakdown(records: Sequence[Record], handled: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """Where each message's lateness went, p50 / p99 per step (ms):
+
+    * ``tiers_ms``: stage 2's handler start against the due time stage 1 set (the tiers,
+      the work queue and the Worker: what the direct side's lateness measures); exact,
+      from the bridge's own clock;
+    * ``hops_ms``: the rest of the lateness, exact: the inbox (the bench's publish to
+      stage 1's pickup; the delay counts from the pickup, so this adds in full), and from
+      the handler's start to the bench's consumer (the confirmed publish to ``DNAME``,
+      the consumers' quorum queue, the consumer);
+    * ``inbox_ms`` and ``out_ms``: ``hops_ms`` split at the handler's start, taken as
+      the log line's time less the handler's duration. The line is written after the
+      ack, so ``inbox_ms`` is an upper bound and ``out_ms`` a lower one (by the ack's
+      wait for its event loop turn: under 1 ms on a quiet machine).
+    """
+    steps: dict[str, list[float]] = {step: [] for step in STEPS}
+    for r in records:
+        if r.message_id not in handled:
+            continue
+        start, late = handled[r.message_id]
+        steps["inbox_ms"].append(start - late - r.due_at_ms)
+        steps["tiers_ms"].append(late)
+        steps["out_ms"].append(r.received_at_ms - start)
+        steps["hops_ms"].append(r.lateness_ms - late)
+    out: dict[str, Any] = {"matched": len(steps["tiers_ms"])}
+    for step, values in steps.items():
+        values.sort()
+        out[step] = {
+            "p50": round(percentile(values, 50), 1) if values else None,
+            "p99": round(percentile(values, 99), 1) if values else None,
+        }
+    return out
+
+
+SIDES = ("direct", "bridge", "relay")
+
+
+def _cpu(pids: Sequence[int]) -> float:
+    return sum(proc_cpu_seconds(pid) or 0.0 for pid in pids)
+
+
 async def lateness(
-    topology: Topology, rate: float, duration: float, rounds: int, count: int = BRIDGES
+    topology: Topology,
+    rate: float,
+    duration: float,
+    rounds: int,
+    count: int = BRIDGES,
+    *,
+    with_breakdown: bool = False,
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
+    """The three sides in turn each round: ``direct`` (the reference), ``bridge``, and
+    ``relay`` (the bridge's two extra hops by bare clients, no delay: the floor of what a
+    bridge adds; :mod:`bench.peers.relay`). ``with_breakdown``: the bridges log each
+    message (INFO, JSON: a little CPU per message) and each round's bridge side is split
+    per step (:func:`breakdown`)."""
     sizes = Sizes(rate=rate, duration_s=duration, min_delay_ms=1000, max_delay_ms=4000)
-    direct = RmqdelayPeer(topology.url, worker="aiopika", label="direct")
-    bridged = BridgePeer(topology, count)
+    logs = Path(tempfile.mkdtemp(prefix="bench-bridge-logs-")) if with_breakdown else None
+    peers: dict[str, Any] = {
+        "direct": RmqdelayPeer(topology.url, worker="aiopika", label="direct"),
+        "bridge": BridgePeer(
+            topology, count, logs, ["--concurrency", str(concurrency)] if concurrency else []
+        ),
+        "relay": RelayPeer(topology.url),
+    }
     runs: list[dict[str, Any]] = []
+    bridge_records: list[Sequence[Record]] = []
+    n_msgs = max(1, int(rate * duration))
     try:
-        await direct.setup()
-        await bridged.setup()
+        for peer in peers.values():
+            await peer.setup()
         for n in range(rounds):
-            row: dict[str, Any] = {}
-            for name, peer in (("direct", direct), ("bridge", bridged)):
+            row: dict[str, Any] = {"load": await asyncio.to_thread(machine_load, 1.0)}
+            for name, peer in peers.items():
+                pids = peer.pids() if hasattr(peer, "pids") else []
+                before = _cpu(pids)
                 summary, records = await steady_run(peer, sizes, seed=n, tag=f"{name}{n}")
                 stats = lateness_stats(records, expected=summary["n"]).to_dict()
                 row[name] = {"stats": stats, "received": summary["received"]}
+                if pids:  # its own processes' CPU per message: robust to others' load
+                    row[name]["cpu_us_per_msg"] = round((_cpu(pids) - before) / n_msgs * 1e6, 1)
+                if name == "bridge":
+                    bridge_records.append(records)
             runs.append(row)
             print(
                 f"  round {n + 1}: p99 direct {row['direct']['stats']['p99_ms']} ms, "
-                f"bridge {row['bridge']['stats']['p99_ms']} ms",
+                f"bridge {row['bridge']['stats']['p99_ms']} ms, relay (the two hops, no "
+                f"delay) {row['relay']['stats']['p99_ms']} ms; before it: load "
+                f"{row['load']['loadavg'][0]}, {row['load']['busy_percent']} % busy",
                 file=sys.stderr,
             )
-    finally:
-        await bridged.teardown()
-        await direct.teardown()
+    finally:  # every peer, whatever another's cleanup raised: no bridge left running
+        for name, peer in reversed(peers.items()):
+            try:
+                await peer.teardown()
+            except Exception as exc:
+                print(f"  {name}: cleanup failed ({exc!r})", file=sys.stderr)
+    if logs is not None:
+        handled = _handled(logs)
+        for row, taken in zip(runs, bridge_records, strict=True):
+            row["bridge"]["breakdown"] = breakdown(taken, handled)
+        shutil.rmtree(logs, ignore_errors=True)
 
     def median(name: str, q: str) -> float:
         return float(statistics.median(r[name]["stats"][q] for r in runs))
@@ -410,15 +550,31 @@ async def lateness(
         "duration_s": duration,
         "delay_ms": [1000, 4000],
         "bridges": count,
+        "breakdown": with_breakdown,
+        "bridge_concurrency": concurrency,
     }
-    for name in ("direct", "bridge"):
+    for name in SIDES:
         out[name] = {q: median(name, q) for q in ("p50_ms", "p99_ms", "max_ms")}
+        cpu = [r[name]["cpu_us_per_msg"] for r in runs if "cpu_us_per_msg" in r[name]]
+        if cpu:
+            out[name]["cpu_us_per_msg"] = statistics.median(cpu)
         out[name]["early"] = sum(r[name]["stats"]["early"] for r in runs)
         out[name]["missing"] = sum(r[name]["stats"]["missing"] for r in runs)
     for q in ("p50", "p99"):
         added = [r["bridge"]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
         out[f"added_{q}_ms"] = statistics.median(added)
         out[f"added_{q}_ms_runs"] = added
+        # what the bridge adds beyond its two hops done by bare clients
+        beyond = [a - r["relay"]["stats"][f"{q}_ms"] for a, r in zip(added, runs, strict=True)]
+        out[f"beyond_relay_{q}_ms"] = statistics.median(beyond)
+    if with_breakdown:
+        out["breakdown_median"] = {
+            step: {
+                q: statistics.median(r["bridge"]["breakdown"][step][q] for r in runs)
+                for q in ("p50", "p99")
+            }
+            for step in STEPS
+        }
     out["target_ms"] = 20  # at p99
     out["runs"] = runs
     return out
@@ -443,7 +599,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         if "lateness" in args.only:
             print(f"lateness at {args.rate:g} msgs/s, {args.rounds} rounds", file=sys.stderr)
             result["lateness"] = await lateness(
-                topology, args.rate, args.duration, args.rounds, args.lateness_bridges
+                topology,
+                args.rate,
+                args.duration,
+                args.rounds,
+                args.lateness_bridges,
+                with_breakdown=args.breakdown,
+                concurrency=args.bridge_concurrency,
             )
     finally:
         await asyncio.to_thread(topology.destroy)
@@ -472,6 +634,24 @@ def report(result: dict[str, Any]) -> str:
             f"{'met' if lt['added_p99_ms'] <= lt['target_ms'] else 'missed'}); early "
             f"{d['early']} / {b['early']}, missing {d['missing']} / {b['missing']}"
         )
+        r = lt["relay"]
+        lines.append(
+            f"its two extra hops by bare clients (relay, no delay), p50 / p99 / max ms: "
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} / {r['max_ms']:.0f}; the bridge adds "
+            f"{lt['beyond_relay_p50_ms']:.0f} ms at p50 and {lt['beyond_relay_p99_ms']:.0f} ms "
+            "at p99 beyond them"
+        )
+        if "cpu_us_per_msg" in b and "cpu_us_per_msg" in r:
+            lines.append(
+                f"client CPU per message: the bridge processes {b['cpu_us_per_msg']:.0f} us, "
+                f"the relay {r['cpu_us_per_msg']:.0f} us"
+            )
+        if lt.get("breakdown_median"):
+            steps = lt["breakdown_median"]
+            lines.append(
+                "the bridge's lateness per step, p50 / p99 ms: "
+                + ", ".join(f"{k[:-3]} {v['p50']:.0f} / {v['p99']:.0f}" for k, v in steps.items())
+            )
     return "\n".join(lines)
 
 
@@ -484,6 +664,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=500)
     p.add_argument("--duration", type=float, default=4)
     p.add_argument("--lateness-bridges", type=int, default=BRIDGES)
+    p.add_argument(
+        "--bridge-concurrency",
+        type=int,
+        default=None,
+        help="the lateness bridges' --concurrency (their prefetch too; default: the CLI's, 64)",
+    )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="the bridges log each message (JSON), and the bridge's lateness is split per step",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     result = asyncio.run(main_async(args))

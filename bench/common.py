@@ -29,6 +29,14 @@ DEFAULT_AMQP_URL = (
 )
 
 
+def masked(command: Iterable[str]) -> list[str]:
+    """A recorded command line with every broker URL's password masked: results files
+    are committed, and no password is ever written out."""
+    from rmqdelay import mask_url
+
+    return [mask_url(a) if a.startswith(("amqp://", "amqps://")) else a for a in command]
+
+
 def now_ms() -> int:
     """Epoch milliseconds (integer), the one clock every record uses."""
     return time.time_ns() // 1_000_000
