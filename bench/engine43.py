@@ -66,6 +66,7 @@ from bench.common import (
     lateness_stats,
     machine_info,
     machine_load,
+    masked,
     now_ms,
 )
 from bench.peers.deferred43 import DeferredPeer
@@ -400,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         "workload": "engine43",
         "generated_at_ms": now_ms(),
         "when": datetime.now(timezone.utc).isoformat(),
-        "command": ["python", "-m", "bench.engine43", *(argv or sys.argv[1:])],
+        "command": masked(["python", "-m", "bench.engine43", *(argv or sys.argv[1:])]),
         "machine": machine_info(),
         "broker": results.pop("broker"),
         "load_before": load,

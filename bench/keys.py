@@ -22,6 +22,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WORKLOADS = (  # the suite runs them in this order (start-up first, on the quietest machine)
     "startup",
     "list",
+    "index",
     "publish",
     "e2e",
     "radix",
@@ -94,23 +95,59 @@ LIST_SHOWN = {
 }
 
 
-def from_list(r: dict[str, Any], params: dict[str, Any]) -> Figures:
-    out: Figures = {"list.messages": fig(params.get("messages"), "messages")}
-    for name, text in LIST_SHOWN.items():
+def _timed_rows(
+    workload: str, shown: dict[str, str], r: dict[str, Any], reference: str, unit: str = "s"
+) -> Figures:
+    """One figure per command row (median, ratio to ``reference``'s row, runs, peak RSS),
+    in seconds or, ``unit="ms"``, milliseconds."""
+    scale = 1000 if unit == "ms" else 1
+    out: Figures = {}
+    for name, text in shown.items():
         row = r.get(name)
         if not isinstance(row, dict):
             continue
-        key = f"list.{name.replace(' ', '_')}"
-        out[key] = fig(
-            row["median_s"],
-            "s",
-            ratio=row["ratio_to_raw"],
-            to="list.raw",
-            runs=row.get("runs_s"),
+        out[f"{workload}.{name.replace(' ', '_')}"] = fig(
+            row["median_s"] * scale,
+            unit,
+            ratio=row[f"ratio_to_{reference}"],
+            to=f"{workload}.{reference}",
+            runs=[v * scale for v in row.get("runs_s", [])],
             rss=row.get("peak_rss_mib"),
             text=text,
         )
     return out
+
+
+def from_list(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    out: Figures = {"list.messages": fig(params.get("messages"), "messages")}
+    return out | _timed_rows("list", LIST_SHOWN, r, "raw")
+
+
+INDEX_SHOWN = {
+    "limit": "rmqdelay scheduled list --limit 50 (fresh process)",
+    "cold": "a dashboard started now: read the journal into the index, then the first page",
+    "warm": "the first page of a running dashboard's index, soonest first",
+    "warm newest": "the same, newest first",
+    "warm fresh": "caught_up() (a marker written and read back), then the first page",
+    "http": "GET /api/scheduled?limit=50 of a running rmqdelay dashboard",
+}
+
+
+def from_index(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    out: Figures = {"index.messages": fig(params.get("messages"), "messages")}
+    out |= _timed_rows("index", INDEX_SHOWN, r, "limit", unit="ms")
+    cold = r.get("cold") or {}
+    out["index.cold.read"] = fig(cold.get("read_s"), "s")
+    out["index.cold.page"] = fig(_ms(cold.get("page_s")), "ms")
+    out["index.dashboard.first"] = fig(_get(r, "dashboard", "first_page_s"), "s")
+    follower = r.get("follower") or {}
+    out["index.follower.read"] = fig(follower.get("read_s"), "s")
+    out["index.follower.rss"] = fig(follower.get("rss_growth_mib"), "MiB")
+    return out
+
+
+def _ms(seconds: Any) -> Any:
+    return None if seconds is None else seconds * 1000
 
 
 def from_e2e(r: dict[str, Any], params: dict[str, Any]) -> Figures:
@@ -409,6 +446,7 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "publish": lambda doc: from_publish(doc["results"]),
     "startup": lambda doc: from_startup(doc["results"], doc["params"]),
     "list": lambda doc: from_list(doc["results"], doc["params"]),
+    "index": lambda doc: from_index(doc["results"], doc["params"]),
     "e2e": lambda doc: from_e2e(doc["results"], doc["params"]),
     "radix": lambda doc: from_radix(doc["results"]),
     "hops": lambda doc: from_hops(doc["results"], doc["params"]),

@@ -653,9 +653,7 @@ async def run(
         manager.apply([DEST])
     try:
         if warmup:  # untimed: connections, channels and fresh queues warm up
-            small = Bench(
-                bench.url, Sizes(warmup, bench.sizes.window, warmup), prefix=bench.prefix
-            )
+            small = Bench(bench.url, Sizes(warmup, bench.sizes.window, warmup), prefix=bench.prefix)
             for spec in specs:
                 await spec.run(small)
         for _ in range(repeats):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.common import DEFAULT_AMQP_URL, machine_info, machine_load, now_ms
+from bench.common import DEFAULT_AMQP_URL, machine_info, machine_load, masked, now_ms
 
 RESULTS = Path(__file__).resolve().parent / "results" / "startup.json"
 DESTINATION = "startup"
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "workload": "startup",
             "generated_at_ms": now_ms(),
-            "command": [Path(sys.executable).name, "-m", "bench", "startup", *(argv or [])],
+            "command": masked([Path(sys.executable).name, "-m", "bench", "startup", *(argv or [])]),
             "machine": machine_info(),
             "load_before": load_before,
             "load_after": load_after,

@@ -55,6 +55,7 @@ from bench.common import (
     lateness_stats,
     machine_info,
     machine_load,
+    masked,
     now_ms,
     quantiles,
 )
@@ -128,6 +129,8 @@ class SuiteSizes:
     engine43_args: tuple[str, ...] = ()
     # list
     list_messages: int = 100_000
+    # index
+    index_messages: int = 1_000_000
     seed: int = 1234
 
     @classmethod
@@ -157,6 +160,7 @@ class SuiteSizes:
             scale_margin_s=15.0,
             engine43_args=ENGINE43_QUICK,
             list_messages=10_000,
+            index_messages=20_000,
         )
 
     def steady_sizes(self, rate: float, duration_s: float | None = None, **kw: Any) -> Sizes:
@@ -695,6 +699,18 @@ async def workload_list(suite: Suite) -> None:
         raise RuntimeError("bench.scheduled_list failed")
 
 
+async def workload_index(suite: Suite) -> None:
+    """The dashboard's first page against ``scheduled list --limit 50``
+    (:mod:`bench.schedule_index`)."""
+    from bench.schedule_index import main as index_main
+
+    s = suite.sizes
+    argv = ["--url", suite.url, "--out", str(suite.out / "index.json")]
+    argv += ["--messages", str(s.index_messages), "--repeats", str(s.repeats)]
+    if await asyncio.to_thread(index_main, argv) != 0:
+        raise RuntimeError("bench.schedule_index failed")
+
+
 async def workload_hops(suite: Suite) -> None:
     """Broker CPU per delivered message and lateness at the default layout, against the
     plain queue and the broker alone doing the hops (:class:`bench.peers.hopchain.HopChainPeer`).
@@ -810,6 +826,7 @@ async def workload_hops(suite: Suite) -> None:
 WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "startup": workload_startup,
     "list": workload_list,
+    "index": workload_index,
     "publish": workload_publish,
     "e2e": workload_e2e,
     "radix": workload_radix,
@@ -914,7 +931,9 @@ def main(argv: list[str]) -> int:
     sizes = sizes_from(args)
     workloads = selected(args)
     out = args.out or (RESULTS_DIR / "quick" if args.quick else RESULTS_DIR)
-    suite = Suite(url=args.url, sizes=sizes, out=out, command=["python", "-m", "bench", *argv])
+    suite = Suite(
+        url=args.url, sizes=sizes, out=out, command=masked(["python", "-m", "bench", *argv])
+    )
 
     async def runner() -> dict[str, Any]:
         task = asyncio.current_task()
