@@ -90,21 +90,18 @@ async def test_a_thousand_racing_publishes_of_a_hundred_keys_are_handled_a_hundr
     first publish for ``ignore``, the last for ``replace``)."""
     dest, settings, apps, handled, outcomes = _workers(shared_topology, f"race{mode[0]}", 2)
     keys = [f"{shared_topology.prefix}-{mode}-k{i}" for i in range(100)]
-    due_ms = now_ms() + 15_000
     url = settings.url.get_secret_value()
     async with apps[0].running(concurrency=8), apps[1].running(concurrency=8):
-        sent = await asyncio.to_thread(
-            race,
-            url,
-            settings.prefix,
-            dest,
-            mode,
-            keys,
-            1000,
-            4,
-            due_ms,
+        started = now_ms()
+        sent, due_ms = await asyncio.to_thread(
+            race, url, settings.prefix, dest, mode, keys, 1000, 4, 15_000
         )
-        assert now_ms() < due_ms, "the publishes must end before the first is due"
+        ended = now_ms()
+        print(
+            f"\n{mode}: processes connected in {due_ms - 15_000 - started} ms, "
+            f"published {len(sent)} in {ended - due_ms + 15_000} ms"
+        )
+        assert ended < due_ms, "the publishes must end before the first is due"
         await wait_until(
             lambda: outcomes.count() >= len(sent),
             60,
@@ -131,11 +128,17 @@ async def test_a_thousand_racing_publishes_of_a_hundred_keys_are_handled_a_hundr
     assert await queue_depth(settings, work_queue(settings, dest)) == 0
 
 
+MOVED = 60
+"""Messages moved later, and as many moved earlier."""
+LEAD_MS = 25_000
+"""How far ahead the first old copy is due: the reschedules are recorded before it."""
+
+
 async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
     amqp_url: str, prefix: str
 ) -> None:
-    """200 messages moved 3 s later (no body needed: the worker forwards the old copy)
-    and 200 moved 12 s earlier (the rescheduler publishes a fresh copy from the body the
+    """60 messages moved 3 s later (no body needed: the worker forwards the old copy)
+    and 60 moved 12 s earlier (the rescheduler publishes a fresh copy from the body the
     journal keeps), through ``reschedule``; every other one keyed, rescheduled by its
     key. Each is handled once, due at its new time, never before it, and never at the
     old time."""
@@ -151,8 +154,8 @@ async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
 
     bodies = settings.model_copy(update={"journal_bodies": True})
     t0 = now_ms()
-    later = {f"{prefix}-later-{i}": t0 + 60_000 + 5 * i for i in range(200)}
-    earlier = {f"{prefix}-earlier-{i}": t0 + 75_000 + 5 * i for i in range(200)}
+    later = {f"{prefix}-later-{i}": t0 + LEAD_MS + 5 * i for i in range(MOVED)}
+    earlier = {f"{prefix}-earlier-{i}": t0 + LEAD_MS + 15_000 + 5 * i for i in range(MOVED)}
     wanted = {m: due + 3_000 for m, due in later.items()}
     wanted |= {m: due - 12_000 for m, due in earlier.items()}
     keyed = {m for i, m in enumerate(sorted(wanted)) if i % 2 == 0}
@@ -179,17 +182,18 @@ async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
         # the later ones first, one at a time: several at once on one connection had the
         # broker close it (CHANNEL_ERROR - expected 'channel.open'). A reschedule reads on
         # from the last one's read: 400 took 12-22 s at a load of 7-10 on 2 cores (133 s
-        # when each read the whole journal), so 60 s before the old times is room enough
+        # when each read the whole journal), so LEAD_MS before the old times is room
+        # enough for 120 (a third of that time, 4-7 s, against 25)
         await asyncio.gather(*(move(m) for m in sorted(wanted, key=lambda m: m not in later)))
         took = now_ms() - started
-        print(f"\n400 reschedules in {took} ms")
+        print(f"\n{len(wanted)} reschedules in {took} ms")
         assert now_ms() < min(later.values()), "the moves must be recorded before the old times"
         # the old copies of the earlier ones come out last, at their old times
         last_s = (max(earlier.values()) - now_ms()) / 1000
         await wait_until(
-            lambda: outcomes.count() >= 800,
+            lambda: outcomes.count() >= 4 * MOVED,
             last_s + 30,
-            lambda: f"800 settled, have {outcomes.count()}",
+            lambda: f"{4 * MOVED} settled, have {outcomes.count()}",
         )
         await asyncio.sleep(1.0)
     counts = Counter(m for m, _, _, _ in handled.calls)
@@ -202,10 +206,10 @@ async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
             assert begun < earlier[message_id]  # not at the old time
     outcome_of = Counter((s[0] in earlier, s[2]) for s in outcomes.seen)
     assert outcome_of == {
-        (False, "forwarded"): 200,
-        (False, "acked"): 200,
-        (True, "acked"): 200,
-        (True, "dropped"): 200,
+        (False, "forwarded"): MOVED,
+        (False, "acked"): MOVED,
+        (True, "acked"): MOVED,
+        (True, "dropped"): MOVED,
     }
     assert await queue_depth(settings, work_queue(settings, dest)) == 0
 

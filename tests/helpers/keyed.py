@@ -64,7 +64,7 @@ async def _publish_share(
     destination: str,
     mode: Mode,
     keys: Sequence[str],
-    due_ms: int,
+    rendezvous: Start,
     seed: int,
     resend_share: float,
 ) -> list[tuple[str, str, int]]:
@@ -72,6 +72,10 @@ async def _publish_share(
     rng = random.Random(seed)
     sent: list[tuple[str, str, int]] = []
     async with AsyncPublisher(settings) as publisher:
+        rendezvous.ready.put(seed)  # connected: the due time is set once every share is
+        if not await asyncio.to_thread(rendezvous.go.wait, START_WAIT_S):
+            raise TimeoutError(f"share {seed}: no due time within {START_WAIT_S} s")
+        due_ms = int(rendezvous.due["ms"])
 
         async def one(key: str) -> None:
             due = due_ms + rng.randrange(0, 1000)
@@ -106,6 +110,21 @@ def publish_share(args: tuple[Any, ...]) -> list[tuple[str, str, int]]:
     return asyncio.run(_publish_share(*args))
 
 
+START_WAIT_S = 120.0
+"""How long a racing process waits for the others to connect (a loaded CI machine
+spawns and imports slowly)."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """The racing processes' rendezvous: each says it is connected on ``ready``; the due
+    time is then set in ``due`` and ``go`` let them all publish at once."""
+
+    ready: Any
+    go: Any
+    due: Any
+
+
 def race(
     url: str,
     prefix: str,
@@ -114,20 +133,30 @@ def race(
     key_names: Sequence[str],
     publishes: int,
     processes: int,
-    due_ms: int,
+    due_in_ms: int,
     resend_share: float = 0.1,
-) -> list[tuple[str, str, int]]:
+) -> tuple[list[tuple[str, str, int]], int]:
     """``publishes`` keyed publishes over ``key_names`` from ``processes`` processes at
-    once; every (id, key, due) sent, resends included."""
-    per = publishes // processes
-    shares = []
-    for p in range(processes):
-        keys = [key_names[(p * per + i) % len(key_names)] for i in range(per)]
-        random.Random(p).shuffle(keys)
-        shares.append((url, prefix, destination, mode, keys, due_ms, p, resend_share))
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        results = pool.map(publish_share, shares)
-    return [item for share in results for item in share]
+    once, due ``due_in_ms`` (and up to a second more) after every process is connected:
+    every (id, key, due) sent, resends included, and the first due time. The time the
+    processes take to start is not taken from the publishes' time before they are due."""
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, context.Pool(processes) as pool:
+        start = Start(manager.Queue(), manager.Event(), manager.dict())
+        per = publishes // processes
+        shares = []
+        for p in range(processes):
+            keys = [key_names[(p * per + i) % len(key_names)] for i in range(per)]
+            random.Random(p).shuffle(keys)
+            shares.append((url, prefix, destination, mode, keys, start, p, resend_share))
+        running = pool.map_async(publish_share, shares)
+        for _ in range(processes):
+            start.ready.get(timeout=START_WAIT_S)
+        due_ms = now_ms() + due_in_ms
+        start.due["ms"] = due_ms
+        start.go.set()
+        results = running.get(timeout=START_WAIT_S + due_in_ms / 1000)
+    return [item for share in results for item in share], due_ms
 
 
 async def read_book(settings: Settings) -> KeyBook:
