@@ -65,6 +65,7 @@ from bench.common import (
     broker_info,
     broker_pid,
     lateness_stats,
+    machine_cpu_seconds,
     machine_info,
     machine_load,
     now_ms,
@@ -88,14 +89,19 @@ LONG_MS = (600_000, 3_600_000)
 _SCHEDULED = re.compile(r'^rmqdelay_bridge_messages_total\{[^}]*outcome="scheduled"[^}]*\} (\S+)$')
 
 
-def _env(settings_kwargs: dict[str, Any]) -> dict[str, str]:
+def _env(settings_kwargs: dict[str, Any], root: Path | None = None) -> dict[str, str]:
+    """The bridges' environment; ``root``: the tree whose rmqdelay they run (this one's
+    by default), so that two versions of the bridge can be compared in one run."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
     if "RMQDELAY_MANAGEMENT_URL" in os.environ:
         env["RMQDELAY_MANAGEMENT_URL"] = os.environ["RMQDELAY_MANAGEMENT_URL"]
     env["RMQDELAY_URL"] = settings_kwargs["url"]
     env["RMQDELAY_PREFIX"] = settings_kwargs["prefix"]
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    tree = str((root or Path(__file__).resolve().parents[1]).resolve())
+    if root is not None:  # that tree's alone, whatever this process was given
+        env["PYTHONPATH"] = tree
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")]))
     return env
 
 
@@ -148,6 +154,7 @@ def bridges(
     metrics: bool = True,
     logs: Path | None = None,
     extra: Sequence[str] = (),
+    cwd: Path | None = None,
 ) -> Iterator[Bridges]:
     """``count`` bridge processes; ``metrics``: each serves its counters (and, as
     ``--metrics-port`` does, refreshes the queue gauges every 15 s: a status snapshot
@@ -167,6 +174,7 @@ def bridges(
                 subprocess.Popen(
                     command,
                     env=env,
+                    cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=log_file if logs is not None else None,
@@ -177,6 +185,15 @@ def bridges(
         yield found
     finally:
         found.stop()
+
+
+def _children(pid: int) -> list[int]:
+    """A process's children, from /proc (none where the kernel does not list them)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            return [int(child) for child in fh.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _consumers(url: str, queue: str) -> int:
@@ -206,7 +223,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 class Topology:
     """One prefix: the destination ``bench`` for the direct measures, and one bridge."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, root: Path | None = None) -> None:
         self.prefix = unique_prefix("bridge")
         self.settings_kwargs: dict[str, Any] = {"url": url, "prefix": self.prefix}
         self.settings = Settings(**self.settings_kwargs)
@@ -215,7 +232,8 @@ class Topology:
         self.delivery = f"{self.exchange}.delayed"
         self.destination = f"bridge.{self.exchange}"
         self.inbox = f"{self.prefix}.{self.destination}.inbox"
-        self.env = _env(self.settings_kwargs)
+        self.env = _env(self.settings_kwargs, root)
+        self.cwd = root  # `python -m` puts the working directory first on sys.path
         self.declared = False
 
     def declare(self) -> None:
@@ -225,6 +243,7 @@ class Topology:
         done = subprocess.run(
             [*CLI, "bridge", "declare", "--exchange", self.exchange, "--type", "direct"],
             env=self.env,
+            cwd=self.cwd,
             capture_output=True,
             text=True,
             timeout=300,
@@ -376,7 +395,15 @@ class BridgePeer(AmqpPeer):
         self._exchange = await self.pub.get_exchange(t.exchange, ensure=False)
         self._bridges = contextlib.ExitStack()
         self.running = self._bridges.enter_context(
-            bridges(t.env, t.exchange, self.count, metrics=False, logs=self.logs, extra=self.extra)
+            bridges(
+                t.env,
+                t.exchange,
+                self.count,
+                metrics=False,
+                logs=self.logs,
+                extra=self.extra,
+                cwd=t.cwd,
+            )
         )
         work = t.settings.layout.work_queue(t.destination)
         n = self.count
@@ -408,7 +435,9 @@ class BridgePeer(AmqpPeer):
         return await self.arrivals.wait_for(expected_ids, timeout)
 
     def pids(self) -> list[int]:
-        return [p.pid for p in self.running.procs] if self.running is not None else []
+        """The bridge processes and their children (stage 1's process, by default)."""
+        procs = [p.pid for p in self.running.procs] if self.running is not None else []
+        return [*procs, *(child for pid in procs for child in _children(pid))]
 
     async def teardown(self) -> None:
         if self._bridges is not None:
@@ -474,10 +503,58 @@ def breakdown(records: Sequence[Record], handled: dict[str, tuple[float, float]]
 
 
 SIDES = ("direct", "bridge", "relay")
+VARIANT = "variant"
+"""The optional fourth side: the bridge with other arguments or another tree's code."""
+SHARED = ("broker_us_per_msg", "bench_us_per_msg", "machine_us_per_msg", "machine_busy_percent")
+"""Per side, beside its own processes' CPU: the broker's (shared: others' work included),
+this process's (the publisher and the consumer), and the whole machine's, per message;
+and how busy the machine was meanwhile (100: both cores)."""
+
+
+@dataclass
+class Variant:
+    """A second bridge side: its own exchange (``topology``), run from ``root``'s tree
+    (this one's when None) with ``args`` added to ``bridge run``."""
+
+    topology: Topology
+    root: Path | None
+    args: tuple[str, ...]
 
 
 def _cpu(pids: Sequence[int]) -> float:
     return sum(proc_cpu_seconds(pid) or 0.0 for pid in pids)
+
+
+def _shared_cpu(broker: int | None) -> tuple[float, float | None, float | None, float | None]:
+    """Now, the broker's, this process's and the machine's CPU seconds."""
+    return (
+        time.perf_counter(),
+        proc_cpu_seconds(broker) if broker else None,
+        proc_cpu_seconds(os.getpid()),
+        machine_cpu_seconds(),
+    )
+
+
+def _shared_per_msg(
+    before: tuple[float, float | None, float | None, float | None],
+    after: tuple[float, float | None, float | None, float | None],
+    n_msgs: int,
+) -> dict[str, float | None]:
+    def per_msg(i: int) -> float | None:
+        b, a = before[i], after[i]
+        return None if a is None or b is None else round((a - b) / n_msgs * 1e6, 1)
+
+    wall = after[0] - before[0]
+    machine = per_msg(3)
+    busy = None
+    if machine is not None and wall > 0:
+        busy = round(machine * n_msgs / 1e6 / wall / (os.cpu_count() or 1) * 100, 1)
+    return {
+        "broker_us_per_msg": per_msg(1),
+        "bench_us_per_msg": per_msg(2),
+        "machine_us_per_msg": machine,
+        "machine_busy_percent": busy,
+    }
 
 
 async def lateness(
@@ -489,6 +566,7 @@ async def lateness(
     *,
     with_breakdown: bool = False,
     concurrency: int | None = None,
+    variant: Variant | None = None,
 ) -> dict[str, Any]:
     """The three sides in turn each round: ``direct`` (the reference), ``bridge``, and
     ``relay`` (the bridge's two extra hops by bare clients, no delay: the floor of what a
@@ -497,13 +575,15 @@ async def lateness(
     per step (:func:`breakdown`)."""
     sizes = Sizes(rate=rate, duration_s=duration, min_delay_ms=1000, max_delay_ms=4000)
     logs = Path(tempfile.mkdtemp(prefix="bench-bridge-logs-")) if with_breakdown else None
+    extra = ["--concurrency", str(concurrency)] if concurrency else []
     peers: dict[str, Any] = {
         "direct": RmqdelayPeer(topology.url, worker="aiopika", label="direct"),
-        "bridge": BridgePeer(
-            topology, count, logs, ["--concurrency", str(concurrency)] if concurrency else []
-        ),
+        "bridge": BridgePeer(topology, count, logs, extra),
         "relay": RelayPeer(topology.url),
     }
+    if variant is not None:
+        peers[VARIANT] = BridgePeer(variant.topology, count, None, [*extra, *variant.args])
+    broker = broker_pid(topology.url)
     runs: list[dict[str, Any]] = []
     bridge_records: list[Sequence[Record]] = []
     n_msgs = max(1, int(rate * duration))
@@ -515,19 +595,31 @@ async def lateness(
             for name, peer in peers.items():
                 pids = peer.pids() if hasattr(peer, "pids") else []
                 before = _cpu(pids)
+                shared = _shared_cpu(broker)
                 summary, records = await steady_run(peer, sizes, seed=n, tag=f"{name}{n}")
                 stats = lateness_stats(records, expected=summary["n"]).to_dict()
                 row[name] = {"stats": stats, "received": summary["received"]}
                 if pids:  # its own processes' CPU per message: robust to others' load
                     row[name]["cpu_us_per_msg"] = round((_cpu(pids) - before) / n_msgs * 1e6, 1)
+                row[name]["shared"] = _shared_per_msg(shared, _shared_cpu(broker), n_msgs)
                 if name == "bridge":
                     bridge_records.append(records)
             runs.append(row)
             print(
-                f"  round {n + 1}: p99 direct {row['direct']['stats']['p99_ms']} ms, "
-                f"bridge {row['bridge']['stats']['p99_ms']} ms, relay (the two hops, no "
-                f"delay) {row['relay']['stats']['p99_ms']} ms; before it: load "
-                f"{row['load']['loadavg'][0]}, {row['load']['busy_percent']} % busy",
+                f"  round {n + 1}: p99 "
+                + ", ".join(f"{k} {row[k]['stats']['p99_ms']:.0f}" for k in peers)
+                + " ms (relay: the two hops, no delay); own CPU us/msg "
+                + ", ".join(
+                    f"{k} {row[k]['cpu_us_per_msg']:.0f}"
+                    for k in peers
+                    if "cpu_us_per_msg" in row[k]
+                )
+                + "; broker us/msg "
+                + ", ".join(f"{k} {row[k]['shared'].get('broker_us_per_msg')}" for k in peers)
+                + "; machine busy % "
+                + ", ".join(f"{k} {row[k]['shared'].get('machine_busy_percent')}" for k in peers)
+                + f"; before: load {row['load']['loadavg'][0]}, {row['load']['busy_percent']} %"
+                " busy",
                 file=sys.stderr,
             )
     finally:  # every peer, whatever another's cleanup raised: no bridge left running
@@ -553,11 +645,15 @@ async def lateness(
         "breakdown": with_breakdown,
         "bridge_concurrency": concurrency,
     }
-    for name in SIDES:
+    for name in peers:
         out[name] = {q: median(name, q) for q in ("p50_ms", "p99_ms", "max_ms")}
         cpu = [r[name]["cpu_us_per_msg"] for r in runs if "cpu_us_per_msg" in r[name]]
         if cpu:
             out[name]["cpu_us_per_msg"] = statistics.median(cpu)
+        for key in SHARED:
+            values = [r[name]["shared"][key] for r in runs if r[name]["shared"].get(key)]
+            if values:
+                out[name][key] = statistics.median(values)
         out[name]["early"] = sum(r[name]["stats"]["early"] for r in runs)
         out[name]["missing"] = sum(r[name]["stats"]["missing"] for r in runs)
     for q in ("p50", "p99"):
@@ -567,6 +663,15 @@ async def lateness(
         # what the bridge adds beyond its two hops done by bare clients
         beyond = [a - r["relay"]["stats"][f"{q}_ms"] for a, r in zip(added, runs, strict=True)]
         out[f"beyond_relay_{q}_ms"] = statistics.median(beyond)
+    if variant is not None:  # the variant against the bridge, round by round
+        out["variant_setup"] = {
+            "root": str(variant.root) if variant.root else None,
+            "args": list(variant.args),
+        }
+        for q in ("p50", "p99"):
+            diff = [r[VARIANT]["stats"][f"{q}_ms"] - r["bridge"]["stats"][f"{q}_ms"] for r in runs]
+            out[f"variant_minus_bridge_{q}_ms"] = statistics.median(diff)
+            out[f"variant_minus_bridge_{q}_ms_runs"] = diff
     if with_breakdown:
         out["breakdown_median"] = {
             step: {
@@ -591,8 +696,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": machine_load(),
         "params": {"count": args.count, "rounds": args.rounds, "rate": args.rate},
     }
+    variant = None
+    if args.variant_root is not None or args.variant_args:
+        root = args.variant_root
+        variant = Variant(Topology(args.url, root), root, tuple(args.variant_args.split()))
     try:
         await asyncio.to_thread(topology.declare)
+        if variant is not None:
+            await asyncio.to_thread(variant.topology.declare)
         if "carry" in args.only:
             print(f"carry: {args.count:,} messages, {args.rounds} rounds", file=sys.stderr)
             result["carry"] = await asyncio.to_thread(carry, topology, args.count, args.rounds)
@@ -606,9 +717,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 args.lateness_bridges,
                 with_breakdown=args.breakdown,
                 concurrency=args.bridge_concurrency,
+                variant=variant,
             )
     finally:
         await asyncio.to_thread(topology.destroy)
+        if variant is not None:
+            await asyncio.to_thread(variant.topology.destroy)
     return result
 
 
@@ -646,6 +760,24 @@ def report(result: dict[str, Any]) -> str:
                 f"client CPU per message: the bridge processes {b['cpu_us_per_msg']:.0f} us, "
                 f"the relay {r['cpu_us_per_msg']:.0f} us"
             )
+        for name in (*SIDES, VARIANT):
+            side = lt.get(name)
+            if side and side.get("machine_us_per_msg") is not None:
+                lines.append(
+                    f"{name}: CPU per message, its own processes "
+                    f"{side.get('cpu_us_per_msg', 0):.0f} us, the broker "
+                    f"{side.get('broker_us_per_msg') or 0:.0f}, the bench "
+                    f"{side.get('bench_us_per_msg') or 0:.0f}, the machine "
+                    f"{side['machine_us_per_msg']:.0f} ({side.get('machine_busy_percent')} % busy)"
+                )
+        if VARIANT in lt:
+            v = lt[VARIANT]
+            lines.append(
+                f"variant {lt['variant_setup']}: p50 / p99 / max {v['p50_ms']:.0f} / "
+                f"{v['p99_ms']:.0f} / {v['max_ms']:.0f} ms; minus the bridge's, by round: p50 "
+                f"{lt['variant_minus_bridge_p50_ms_runs']}, p99 "
+                f"{lt['variant_minus_bridge_p99_ms_runs']}"
+            )
         if lt.get("breakdown_median"):
             steps = lt["breakdown_median"]
             lines.append(
@@ -674,6 +806,19 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown",
         action="store_true",
         help="the bridges log each message (JSON), and the bridge's lateness is split per step",
+    )
+    p.add_argument(
+        "--variant-root",
+        type=Path,
+        default=None,
+        help="a fourth side each round: the bridge run from this tree (a git worktree of "
+        "another revision), on an exchange of its own",
+    )
+    p.add_argument(
+        "--variant-args",
+        default="",
+        help="the same, the bridge of this tree with these `bridge run` arguments added "
+        "(with --variant-root: that tree's)",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
