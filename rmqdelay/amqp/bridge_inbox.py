@@ -1,4 +1,5 @@
-"""Stage 1 of the x-delay bridge: the inbox into the tiers, on pika, in a thread.
+"""Stage 1 of the x-delay bridge: the inbox into the tiers, on pika, in a thread of its
+own (or a process: :func:`rmqdelay.worker.bridge.carry_in_process`).
 
 Each batch of deliveries (up to ``batch``, as many as have arrived) goes to the tiers
 with the public :meth:`rmqdelay.Publisher.publish_many` on the same connection; the batch
@@ -9,7 +10,7 @@ back to the inbox (``basic.reject``, which counts toward its delivery limit).
 pika, not aio-pika: its consumer costs less than half of aiormq's client CPU per
 delivery (measured 22 against 54 µs), and stage 1 is where the bridge's throughput is
 decided; pika reads header floats as ints, which :mod:`.pika_private` mends. The
-worker's event loop runs stage 2; this thread tells it when its connection is lost
+worker's event loop runs stage 2; stage 1 tells it when its connection is lost
 (``on_lost``), and the worker reconnects both.
 """
 

@@ -1,3 +1,4 @@
 from .app import main
 
-main()
+if __name__ == "__main__":  # not when a spawned process imports it as its parent's main
+    main()

@@ -151,6 +151,12 @@ def bridge_declare(
     metavar="N",
     help="Inbox messages held unacked at once (scheduled in batches of up to 500).",
 )
+@click.option(
+    "--inbox-process/--inbox-thread",
+    default=True,
+    help="Take the inbox in a process of its own (the default), or in a thread beside "
+    "the delivery to DNAME (one process, one core's share: slower when busy).",
+)
 @log_level_option("WARNING", f"One of {', '.join(LOG_LEVELS)}; INFO logs every message delivered.")
 @log_format_option
 @shutdown_timeout_option("Seconds in-flight messages get to finish.")
@@ -195,6 +201,7 @@ def _run_bridge(
     destination: str | None,
     concurrency: int,
     inbox_prefetch: int,
+    inbox_process: bool,
     log_level: str,
     log_format: str,
     shutdown_timeout: float,
@@ -215,6 +222,8 @@ def _run_bridge(
         delivery_exchange=delivery_exchange,
         destination=destination,
         inbox_prefetch=inbox_prefetch,
+        inbox_process=inbox_process,
+        log_setup=(log_level, log_format),
     )
     _check(settings, bridge)
     serve_metrics(metrics_port, settings)

@@ -3,7 +3,9 @@ hook, so that it reconnects, fails over, drains on SIGTERM and honours cancels a
 worker does.
 
 * **Stage 1**, the hook (:class:`Inbox`): on every connection it starts an
-  :class:`~rmqdelay.amqp.bridge_inbox.InboxCarrier` in a thread of its own, which takes
+  :class:`~rmqdelay.amqp.bridge_inbox.InboxCarrier`, in a thread of its own or (``bridge
+  run``'s default, ``inbox_process=True``) a process of its own (:func:`carry_in_process`:
+  no GIL shared with stage 2, and a second share of a busy machine's cores), which takes
   the inbox in batches into the tiers with the public ``Publisher.publish_many``, acking
   only what was confirmed there and recorded in the schedule journal (so ``scheduled
   list`` and ``cancel`` work for bridged messages), and parks what it cannot schedule.
@@ -21,8 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import threading
 from collections.abc import AsyncIterator, Iterable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -33,6 +38,7 @@ from ..amqp.aio_publisher import EncodedProperties, send_encoded
 from ..amqp.bridge_inbox import BATCH, PREFETCH, InboxCarrier
 from ..amqp.connections import address_of, user_of
 from ..amqp.passive import exchange_exists_async
+from ..amqp.pika_private import mend_headers_in_this_thread
 from ..core.bridge import BridgeNames, Restored, bridge_names, unwrap
 from ..core.retry import Park
 from ..errors import (
@@ -46,6 +52,7 @@ from ..settings import Settings
 from .app import RunOptions, Worker
 from .context import Context
 from .hooks import WorkerHook
+from .logs import configure_logging
 from .runner import RunningWorker
 
 __all__ = ["BATCH", "BRIDGED", "PREFETCH", "Bridge", "Inbox", "Outbox"]
@@ -55,6 +62,9 @@ log = logging.getLogger("rmqdelay.bridge")
 DECLARE_HINT = "run `rmqdelay bridge declare --exchange {exchange} --type TYPE`"
 STOP_S = 4.0
 """How long a disconnect waits for stage 1's batch in hand (the worker gives a hook 5 s)."""
+START_S = 30.0
+"""How long stage 1's process may take to start (import, connect) beyond the confirm
+timeout, before the session counts it as lost."""
 
 BRIDGED = Counter(
     "rmqdelay_bridge_messages",
@@ -77,7 +87,15 @@ class Inbox(WorkerHook):
     """Stage 1, started on each of the worker's connections (see the module docstring);
     also opens stage 2's :class:`Outbox` on that connection."""
 
-    def __init__(self, bridge: Bridge, prefetch: int = PREFETCH, batch: int = BATCH) -> None:
+    def __init__(
+        self,
+        bridge: Bridge,
+        prefetch: int = PREFETCH,
+        batch: int = BATCH,
+        *,
+        process: bool = False,
+        log_setup: tuple[str, str] | None = None,
+    ) -> None:
         if not 1 <= prefetch <= 65_535:
             raise WorkerError(f"--inbox-prefetch must be from 1 to 65535, got {prefetch}")
         self.bridge = bridge
@@ -85,9 +103,12 @@ class Inbox(WorkerHook):
         self.settings = bridge.settings
         self.prefetch = prefetch
         self.batch = batch
+        self.process = process
+        self.log_setup = log_setup
         self.outbox: Outbox | None = None
         self._carrier: InboxCarrier | None = None
         self._thread: threading.Thread | None = None
+        self._child: _Child | None = None
 
     def _count(self, outcome: str, n: int) -> None:
         if n:
@@ -106,6 +127,10 @@ class Inbox(WorkerHook):
         # stage 1 to the node the worker chose first (it leaves a node cut off from the
         # cluster's majority, and reconnects both)
         others = [url for url in self.settings.urls if url != address]
+        if self.process:
+            self._child = await _Child.start(self, others, lost)
+            self._log_started("a process of its own")
+            return
         carrier = InboxCarrier(
             self.settings,
             names,
@@ -126,10 +151,15 @@ class Inbox(WorkerHook):
         )
         self._carrier, self._thread = carrier, thread
         thread.start()
+        self._log_started("a thread")
+
+    def _log_started(self, where: str) -> None:
+        names = self.names
         log.info(
-            "bridge: %r -> inbox %r -> tiers (destination %s) -> %r",
+            "bridge: %r -> inbox %r (stage 1 in %s) -> tiers (destination %s) -> %r",
             names.exchange,
             names.inbox,
+            where,
             names.destination,
             names.delivery_exchange,
         )
@@ -137,13 +167,116 @@ class Inbox(WorkerHook):
     async def on_disconnect(self) -> None:
         """Stop taking messages; the batch in hand finishes (up to ``STOP_S``), then the
         inbox connection closes and what was taken and not acked goes back."""
-        carrier, thread = self._carrier, self._thread
-        self._carrier = self._thread = None
+        carrier, thread, child = self._carrier, self._thread, self._child
+        self._carrier = self._thread = self._child = None
         if carrier is not None and thread is not None:
             carrier.stop()
             await asyncio.to_thread(thread.join, STOP_S)
+        if child is not None:
+            await asyncio.to_thread(child.stop, STOP_S)
         if self.outbox is not None:
             await self.outbox.close()
+
+
+class _Child:
+    """Stage 1 in a process of its own (:func:`carry_in_process`), seen from the bridge:
+    started, listened to (counts, a lost connection), stopped.
+
+    Spawned, not forked: the bridge's process runs an event loop and threads, which a
+    fork would copy in whatever state they were.
+    """
+
+    def __init__(self, process: BaseProcess, pipe: Connection) -> None:
+        self.process = process
+        self.pipe = pipe
+        self._stopping = False
+        self._listener: threading.Thread | None = None
+
+    @classmethod
+    async def start(cls, inbox: Inbox, others: list[str], lost: asyncio.Event) -> _Child:
+        """Spawn it and wait until it consumes; raise what it could not start for."""
+        context = multiprocessing.get_context("spawn")
+        mine, theirs = context.Pipe()
+        process = context.Process(
+            target=carry_in_process,
+            args=(
+                inbox.settings,
+                inbox.names,
+                inbox.prefetch,
+                inbox.batch,
+                others,
+                theirs,
+                inbox.log_setup,
+            ),
+            name="rmqdelay-bridge-inbox",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        child = cls(process, mine)
+        timeout = inbox.settings.confirm_timeout + START_S
+        try:
+            first = await asyncio.to_thread(child._first, timeout)
+        except BaseException:
+            await asyncio.to_thread(child.stop, STOP_S)
+            raise
+        if first[0] != "ready":
+            await asyncio.to_thread(child.stop, STOP_S)
+            kind, text = (first[1], first[2]) if len(first) == 3 else ("lost", repr(first))
+            if kind == "worker":
+                raise WorkerError(str(text))
+            raise ConnectionError(f"the bridge's inbox process could not start: {text}")
+        loop = asyncio.get_running_loop()
+        child._listener = threading.Thread(
+            target=child._listen,
+            args=(inbox, loop, lost),
+            name="rmqdelay-bridge-inbox-pipe",
+            daemon=True,
+        )
+        child._listener.start()
+        return child
+
+    def _first(self, timeout: float) -> tuple[object, ...]:
+        if not self.pipe.poll(timeout):
+            raise ConnectionError(f"the bridge's inbox process did not start in {timeout:g}s")
+        try:
+            message: tuple[object, ...] = self.pipe.recv()
+        except EOFError:
+            code = self.process.exitcode
+            raise ConnectionError(f"the bridge's inbox process ended (exit code {code})") from None
+        return message
+
+    def _listen(self, inbox: Inbox, loop: asyncio.AbstractEventLoop, lost: asyncio.Event) -> None:
+        """Counts into the metrics; a lost connection, or the process's end while it was
+        not told to stop, ends the session (the worker reconnects both stages)."""
+        why = "its process ended"
+        try:
+            while True:
+                message = self.pipe.recv()
+                if message[0] == "count":
+                    inbox._count(str(message[1]), int(message[2]))
+                elif message[0] == "lost":
+                    why = str(message[1])
+                    break
+        except (EOFError, OSError):
+            pass
+        if not self._stopping:
+            log.warning("bridge: the inbox's connection ended (%s); reconnecting", why)
+            loop.call_soon_threadsafe(lost.set)
+
+    def stop(self, timeout: float) -> None:
+        """Tell it to stop after its batch in hand; end it if it takes over ``timeout``."""
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self.pipe.send("stop")
+        self.process.join(timeout)
+        if self.process.is_alive():
+            log.warning("bridge: the inbox's process did not stop in %gs; ending it", timeout)
+            self.process.terminate()
+            self.process.join(timeout)
+        if self._listener is not None:  # the counts it sent before it ended are read
+            self._listener.join(timeout)
+        self.pipe.close()
 
 
 class Outbox:
@@ -258,7 +391,10 @@ class Bridge:
 
     ``Bridge(settings, "orders").run()`` runs until SIGTERM; several processes share the
     inbox and the destination's work queue as competing consumers. ``hooks`` observe
-    stage 2 as a worker's hooks do.
+    stage 2 as a worker's hooks do. ``inbox_process``: stage 1 in a spawned process of its
+    own, as ``rmqdelay bridge run`` does by default (the calling script then needs the
+    usual ``if __name__ == "__main__":`` guard); else a thread. ``log_setup``: the
+    (level, format) that process logs with (the CLI's ``--log-level``, ``--log-format``).
     """
 
     def __init__(
@@ -271,12 +407,14 @@ class Bridge:
         inbox_prefetch: int = PREFETCH,
         batch: int = BATCH,
         hooks: Iterable[WorkerHook] = (),
+        inbox_process: bool = False,
+        log_setup: tuple[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.names = bridge_names(
             settings.layout, exchange, delivery_exchange=delivery_exchange, destination=destination
         )
-        self.inbox = Inbox(self, inbox_prefetch, batch)
+        self.inbox = Inbox(self, inbox_prefetch, batch, process=inbox_process, log_setup=log_setup)
         self.worker = Worker(settings, hooks=[self.inbox, *hooks])
         self.worker.add_handler(self.names.destination, self.deliver)
 
@@ -303,3 +441,64 @@ class Bridge:
     def run(self, **options: Unpack[RunOptions]) -> int:
         """Run until SIGTERM or SIGINT, as ``rmqdelay bridge run`` does; the exit code."""
         return self.worker.run(self.settings, **options)
+
+
+# ---------------------------------------------------------------------- in a process
+
+
+def carry_in_process(
+    settings: Settings,
+    names: BridgeNames,
+    prefetch: int,
+    batch: int,
+    last: list[str],
+    pipe: Connection,
+    log_setup: tuple[str, str] | None = None,
+) -> None:
+    """Stage 1 as a process of its own (the body of ``bridge run``'s inbox process).
+
+    A thread of the bridge's process shares its GIL with stage 2's event loop: each
+    waits for the other at every turn, and a loaded machine gives the one process one
+    share of its cores. Here stage 1 has its own. Over ``pipe`` it says ``("ready",)``
+    once consuming, or ``("error", kind, text)`` (``kind``: ``worker`` for what stops
+    the worker, ``lost`` for what a reconnect may mend); then ``("count", outcome, n)``
+    for every settled batch and ``("lost", text)`` if its connection ends. ``"stop"``
+    from the parent, or the pipe's end (the parent died, even by ``kill -9``), stops it
+    after the batch in hand: what it took and did not ack goes back to the inbox.
+    """
+    if log_setup is not None:
+        level, fmt = log_setup
+        configure_logging(
+            level, "json" if fmt == "json" else "text", settings.url, settings.management_url
+        )
+    lock = threading.Lock()
+
+    def say(*message: object) -> None:
+        with lock, contextlib.suppress(OSError):
+            pipe.send(message)
+
+    carrier = InboxCarrier(
+        settings,
+        names,
+        prefetch=prefetch,
+        batch=batch,
+        count=lambda outcome, n: say("count", outcome, n),
+        last=last,
+    )
+    mend_headers_in_this_thread()  # before open: deliveries may come then
+    try:
+        carrier.open()
+    except BaseException as exc:
+        kind = "worker" if isinstance(exc, WorkerError) else "lost"
+        say("error", kind, str(exc) or repr(exc))
+        return
+
+    def listen() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while pipe.recv() != "stop":
+                pass
+        carrier.stop()
+
+    threading.Thread(target=listen, name="rmqdelay-bridge-inbox-pipe", daemon=True).start()
+    say("ready")
+    carrier.carry_forever(lambda exc: say("lost", repr(exc)))

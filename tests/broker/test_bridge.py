@@ -40,8 +40,9 @@ def case(shared_topology: TestTopology, amqp_url: str) -> Iterator[BridgeCase]:
 # ---------------------------------------------------------------- routing by type
 
 
+@pytest.mark.parametrize("inbox_process", [True, False], ids=["inbox-process", "inbox-thread"])
 async def test_topic_routes_by_key_after_the_delay_with_everything_it_came_with(
-    case: BridgeCase,
+    case: BridgeCase, inbox_process: bool
 ) -> None:
     case.declare("topic")
     eu, us = case.bind("eu.#"), case.bind("us.*")
@@ -72,7 +73,7 @@ async def test_topic_routes_by_key_after_the_delay_with_everything_it_came_with(
         "app_id": "shop",
         "cluster_id": "c1",
     }
-    async with case.running():
+    async with case.running(inbox_process=inbox_process):
         sent = case.publish("eu.order.new", b'{"id": 1}', 1500, headers, **full)
         case.publish("us.order", b"us", 700, message_id=f"{case.prefix}-us")
         [(_at_us, key_us, props_us, body_us)] = await case.collect(us, 1, 30)
@@ -272,3 +273,35 @@ def test_run_names_what_is_missing_and_the_command_that_declares_it(case: Bridge
     assert f"exchange {case.names.delivery_exchange!r}" in result.stderr
     assert f"run `rmqdelay bridge declare --exchange {case.names.exchange} --type" in result.stderr
     assert "Traceback" not in result.stderr and "WARNING" not in result.stderr
+
+
+# ---------------------------------------------------------------- stage 1 in a process
+
+
+async def test_the_inbox_process_names_a_missing_inbox_and_stops_when_told(
+    case: BridgeCase,
+) -> None:
+    """What the thread says, the process says (a missing inbox stops the worker, naming
+    the command); told to stop, it stops consuming and ends, without the bridge taking
+    that for a lost connection. (Its end with a killed bridge: test_bridge_kill.)"""
+    from rmqdelay.errors import WorkerError
+    from rmqdelay.worker.bridge import Bridge, _Child
+
+    inbox = Bridge(case.settings, case.names.exchange, inbox_process=True).inbox
+    with pytest.raises(WorkerError, match=f"inbox queue {case.names.inbox!r} does not exist"):
+        await _Child.start(inbox, [], asyncio.Event())
+    case.declare("topic")
+    lost = asyncio.Event()
+    child = await _Child.start(inbox, [], lost)
+    try:
+        consumers = case.channel.queue_declare(case.names.inbox, passive=True).method
+        assert consumers.consumer_count == 1
+        await asyncio.to_thread(child.stop, 20)
+        assert child.process.exitcode == 0
+        method = case.channel.queue_declare(case.names.inbox, passive=True).method
+        assert method.consumer_count == 0
+        await asyncio.sleep(0.1)
+        assert not lost.is_set()
+    finally:
+        if child.process.is_alive():
+            child.process.kill()

@@ -54,6 +54,21 @@ def publish_all(case: BridgeCase, delays: list[int], sent: dict[str, float]) -> 
         connection.close()
 
 
+def children(pid: int) -> list[int]:
+    """A process's children, from /proc."""
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+        return [int(child) for child in fh.read().split()]
+
+
+def running(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def consumers(case: BridgeCase, queue: str) -> int:
     return int(case.channel.queue_declare(queue, passive=True).method.consumer_count)
 
@@ -124,6 +139,7 @@ async def test_kill_9_of_a_bridge_with_1000_in_flight_loses_nothing_and_is_never
             f"{KILL_AT} published and the first delivered",
         )
         victim = bridges[0]
+        orphans = children(victim.pid)  # stage 1's process
         delivered_before = len(arrived)
         in_flight = len(sent) - delivered_before
         os.kill(victim.pid, signal.SIGKILL)
@@ -132,6 +148,11 @@ async def test_kill_9_of_a_bridge_with_1000_in_flight_loses_nothing_and_is_never
         await wait_until(take, 90, lambda: f"all {COUNT} (got {len({m for _, m in arrived})})")
         await asyncio.sleep(2)  # a late duplicate would still come
         take()
+        await wait_until(
+            lambda: not any(running(pid) for pid in orphans),
+            30,
+            f"the killed bridge's inbox process ({orphans}) to end",
+        )
     assert victim.returncode == -signal.SIGKILL
     ids = [m for _t, m in arrived]
     lost = set(map(str, range(COUNT))) - set(ids)
@@ -142,5 +163,6 @@ async def test_kill_9_of_a_bridge_with_1000_in_flight_loses_nothing_and_is_never
     assert not lost, f"lost {sorted(lost, key=int)[:20]}; bridge logs: {output}"
     assert not early, f"early: {early[:20]}"
     assert in_flight > KILL_AT // 2, "the kill came after most messages had arrived"
+    assert orphans, "bridge run took its inbox in a thread, not a process of its own"
     assert delivered_before > 0, "stage 2 was not delivering yet at the kill"
     assert bridges[1].returncode == 0, output[1]

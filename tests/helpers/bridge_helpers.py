@@ -99,8 +99,8 @@ class BridgeCase:
         return int(self.channel.queue_declare(queue, passive=True).method.message_count)
 
     @asynccontextmanager
-    async def running(self, **options: Any) -> AsyncIterator[Bridge]:
-        bridge = Bridge(self.settings, self.names.exchange)
+    async def running(self, inbox_process: bool = False, **options: Any) -> AsyncIterator[Bridge]:
+        bridge = Bridge(self.settings, self.names.exchange, inbox_process=inbox_process)
         async with bridge.running(**options):
             yield bridge
 

@@ -97,6 +97,7 @@ COMMAND_LINE: dict[str, list[str]] = {
         "--destination",
         "-c/--concurrency",
         "--inbox-prefetch",
+        "--inbox-process/--inbox-thread",
         "--log-level",
         "--log-format",
         "--shutdown-timeout",
