@@ -653,7 +653,7 @@ async def lateness(
         for key in SHARED:
             values = [r[name]["shared"][key] for r in runs if r[name]["shared"].get(key)]
             if values:
-                out[name][key] = statistics.median(values)
+                out[name][key] = round(statistics.median(values), 1)
         out[name]["early"] = sum(r[name]["stats"]["early"] for r in runs)
         out[name]["missing"] = sum(r[name]["stats"]["missing"] for r in runs)
     for q in ("p50", "p99"):
