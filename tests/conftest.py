@@ -212,9 +212,9 @@ def aio_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     windows: list[int] = []
     write_window = aiormq_private.write_window
 
-    async def counted(underlay: object, book: Any, outs: Any) -> Any:
-        windows.append(len(outs))
-        return await write_window(underlay, book, outs)
+    async def counted(underlay: object, book: Any, messages: Any, route: Any) -> Any:
+        windows.append(len(messages))
+        return await write_window(underlay, book, messages, route)
 
     monkeypatch.setattr(aiormq_private, "write_window", counted)
     if request.param == "aio-public":

@@ -331,21 +331,21 @@ class AsyncPublisher(
         timeout, window = self.settings.confirm_timeout, self._window
         step = max(1, min(_CHUNK, window // 4))
         book = aiormq_private.Confirms(underlay)
-        outs: list[Outgoing] = []
+        route = self.core.route
+        sent = 0
         stopped: str | None = None
         lost: BaseException | None = None
         try:
-            while len(outs) < len(batch) and book.closed is None:
-                wanted = min(step, len(batch) - len(outs))
+            while sent < len(batch) and book.closed is None:
+                wanted = min(step, len(batch) - sent)
                 if window - book.outstanding < wanted:
                     if not await book.wait(window - wanted, timeout):
                         break
                     continue
-                start = len(outs)
-                chunk = [self.core.finalize(p) for p in batch[start : start + wanted]]
-                if not await aiormq_private.write_window(underlay, book, chunk):
+                chunk = batch[sent : sent + wanted]
+                if not await aiormq_private.write_window(underlay, book, chunk, route):
                     break
-                outs += chunk
+                sent += wanted
             if book.closed is None:
                 await book.wait(0, timeout)
         except (asyncio.TimeoutError, *_LOST) as exc:
@@ -360,11 +360,15 @@ class AsyncPublisher(
         if book.closed is not None and isinstance(book.closed, _LOST):
             self._lost = book.closed
         outcomes: list[Outcome] = []
-        for out, slot in zip(outs, book.slots, strict=True):
-            value = slot.value
+        routed = PublishResult.routed
+        for slot in book.take():
+            value, route_ = slot.value, slot.route
             if value is True:
-                outcomes.append(PublishResult.of(out))
-            elif isinstance(value, BaseException):
+                outcomes.append(routed(slot.message, route_.routing_key, route_.hops))
+                continue
+            # the plan it was sent with, made again (the same) for the error's words
+            out = self.core.finalize(slot.message, route_.planned_at_us)
+            if isinstance(value, BaseException):
                 outcomes.append(self._failure(out, value))
             elif book.closed is not None:
                 outcomes.append(self._closed_failure(out, book.closed))

@@ -21,14 +21,15 @@ import asyncio
 import dataclasses
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
 import aiormq
 from aiormq.abc import ChannelFrame
 
-from ..core.outgoing import Outgoing
+from ..core.outgoing import Prepared
+from ..core.plan import Route
 from ..core.wire import encode_publish
 from .publishing import client_fast
 
@@ -157,12 +158,23 @@ class _Slot:
     future there (``done``, ``cancelled``, ``set_result``, ``set_exception``) and nothing
     more. A future per message cost a future, three done callbacks and two entries in
     aiormq's future stores, each a call_soon when it resolved: most of the window's
-    client CPU and of the garbage the collector then walked (bench/README.md)."""
+    client CPU and of the garbage the collector then walked (bench/README.md).
 
-    __slots__ = ("book", "chunk", "message_id", "tag", "value")
+    It also keeps the message and the :class:`~rmqdelay.core.plan.Route` it was sent
+    with, all its outcome needs: no ``Outgoing`` and ``DelayPlan`` per message live
+    until the batch ends."""
 
-    def __init__(self, book: Confirms, chunk: int, message_id: str, tag: int) -> None:
-        self.book, self.chunk, self.message_id, self.tag = book, chunk, message_id, tag
+    __slots__ = ("book", "chunk", "message", "message_id", "route", "tag", "value")
+
+    def __init__(self, book: Confirms, chunk: int, message: Prepared, route: Route, tag: int):
+        self.book, self.chunk, self.message, self.route, self.tag = (
+            book,
+            chunk,
+            message,
+            route,
+            tag,
+        )
+        self.message_id = message.message_id
         self.value: object = None
         """None while unconfirmed; then True (acked), what aiormq set (a return, a nack),
         or :data:`DROPPED`."""
@@ -261,6 +273,14 @@ class Confirms:
                 self._waiter = None
         return True
 
+    def take(self) -> list[_Slot]:
+        """The slots, handed over once :meth:`finish` ran: the book keeps none. A slot
+        refers to its book, so a book that kept them would make a cycle, and every
+        message of the batch would live on until the garbage collector's next full
+        collection (the costliest part of its work) instead of going with the batch."""
+        slots, self.slots = self.slots, []
+        return slots
+
     def finish(self) -> None:
         """Give up on what still waits (a late confirm is then ignored quietly), and
         take the batch's future out of the channel's store."""
@@ -287,29 +307,36 @@ def _closing(underlay: Any, book: Confirms) -> bool:
     return book.closed is not None
 
 
-async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) -> bool:
-    """Write ``outs`` as one write of frames, each message with its slot in the
-    channel's books (:class:`Confirms`), under the channel's lock, as
-    ``aiormq.Channel.basic_publish`` does for one. False when the channel is closing:
-    nothing was written (``book.closed`` says why).
+async def write_window(
+    underlay: Any,
+    book: Confirms,
+    messages: Sequence[Prepared],
+    route: Callable[[Prepared], Route],
+) -> bool:
+    """Write ``messages`` as one write of frames, each routed by ``route`` right before
+    it is encoded and given its slot in the channel's books (:class:`Confirms`), under
+    the channel's lock, as ``aiormq.Channel.basic_publish`` does for one. False when
+    the channel is closing: nothing was written (``book.closed`` says why).
 
     aiormq spends, per publish, a lock, a timeout scope, a frame object each and a
     write: on the publish path that was most of the client's time (bench/README.md).
     """
     frame_max = underlay.connection.connection_tune.frame_max
+    number = underlay.number
+    routes = [route(message) for message in messages]
     async with underlay.lock:
         first = underlay.delivery_tag + 1
         payload = b"".join(
             [
                 encode_publish(
-                    underlay.number,
-                    out.exchange,
-                    out.routing_key,
-                    out.prepared.encoded_properties,
-                    out.prepared.body,
+                    number,
+                    where.exchange,
+                    where.publish_key,
+                    message.encoded_properties,
+                    message.body,
                     frame_max=frame_max,
                 )
-                for out in outs
+                for message, where in zip(messages, routes)  # noqa: B905 (as long)
             ]
         )
         frame = ChannelFrame(payload=payload, should_close=False)
@@ -321,15 +348,15 @@ async def write_window(underlay: Any, book: Confirms, outs: Sequence[Outgoing]) 
         if _closing(underlay, book):  # while it waited for room: take the bytes back
             object.__setattr__(frame, "payload", b"")  # still queued: nothing is sent
             return False
-        chunk = book._sent(len(outs))
+        chunk = book._sent(len(messages))
         confirmations, ids, slots = underlay.confirmations, underlay.message_id_delivery_tag, []
-        for tag, out in enumerate(outs, first):
-            slot = _Slot(book, chunk, out.prepared.message_id, tag)
+        for tag, message, where in zip(range(first, first + len(routes)), messages, routes):  # noqa: B905
+            slot = _Slot(book, chunk, message, where, tag)
             confirmations[tag] = slot
             ids[slot.message_id] = tag
             slots.append(slot)
         book.slots += slots
-        underlay.delivery_tag = first + len(outs) - 1
+        underlay.delivery_tag = first + len(messages) - 1
     return True
 
 

@@ -266,15 +266,20 @@ class PublishResult:
 
     @classmethod
     def of(cls, out: Outgoing) -> PublishResult:
-        prepared, plan = out.prepared, out.plan
+        return cls.routed(out.prepared, out.plan.routing_key, len(out.plan.hops))
+
+    @classmethod
+    def routed(cls, prepared: Prepared, routing_key: str, hops: int) -> PublishResult:
+        """The result of ``prepared`` sent with this routing key and number of hops (a
+        :class:`~rmqdelay.core.plan.Route`'s)."""
         return make(
             cls,
             {
                 "message_id": prepared.message_id,
                 "destination": prepared.destination,
-                "due_at_ms": out.due_at_ms,
-                "routing_key": plan.routing_key,
-                "hops": len(plan.hops),
+                "due_at_ms": 0 if prepared.journal_records else ms_of_us(prepared.due_at_us),
+                "routing_key": routing_key,
+                "hops": hops,
                 "key": prepared.key,
                 "generation": None,
                 "outcome": "scheduled",

@@ -158,11 +158,14 @@ def test_a_channel_keeping_other_books_goes_through_basic_publish(
     assert caplog.text.count(problem) == 1, "one warning per kind of problem"
 
 
-def _outs(*ids: str) -> list[Any]:
+def _messages(*ids: str) -> list[Any]:
     return [
-        CORE.finalize(CORE.prepare("orders", f"{m}".encode(), delay=i, message_id=m))
-        for i, m in enumerate(ids)
+        CORE.prepare("orders", f"{m}".encode(), delay=i, message_id=m) for i, m in enumerate(ids)
     ]
+
+
+async def _write(channel: Any, book: Any, *ids: str) -> bool:
+    return await aiormq_private.write_window(channel, book, _messages(*ids), CORE.route)
 
 
 def _aiormq_confirms(channel: Any) -> Any:
@@ -180,10 +183,16 @@ def _aiormq_confirms(channel: Any) -> Any:
 async def test_a_window_is_one_write_with_a_slot_per_message_in_the_books() -> None:
     channel = _channel(delivery_tag=4)
     book = aiormq_private.Confirms(channel)
-    outs = _outs("m0", "m1", "m2")
-    assert await aiormq_private.write_window(channel, book, outs)
+    messages = _messages("m0", "m1", "m2")
+    assert await aiormq_private.write_window(channel, book, messages, CORE.route)
     frame = channel.write_queue.get_nowait()
     assert channel.write_queue.empty()
+    # each slot keeps its message and the route it went with: the same plan again
+    assert [s.message for s in book.slots] == messages
+    outs = [CORE.finalize(s.message, s.route.planned_at_us) for s in book.slots]
+    assert [(o.exchange, o.routing_key, o.plan.routing_key) for o in outs] == [
+        s.route[:3] for s in book.slots
+    ]
     assert frame.payload == b"".join(
         encode_publish(
             3,
@@ -209,8 +218,8 @@ async def test_a_multiple_ack_and_a_nack_reach_each_slot_and_wake_the_window() -
     channel = _channel()
     on_frame = _aiormq_confirms(channel)
     book = aiormq_private.Confirms(channel)
-    await aiormq_private.write_window(channel, book, _outs("a", "b", "c"))
-    await aiormq_private.write_window(channel, book, _outs("d", "e"))
+    await _write(channel, book, "a", "b", "c")
+    await _write(channel, book, "d", "e")
     waiting = asyncio.ensure_future(book.wait(2, timeout=3600))
     await on_frame(Basic.Ack(delivery_tag=2, multiple=True))
     assert not waiting.done(), "3 still wait: more than 2"
@@ -229,7 +238,7 @@ async def test_what_waits_past_the_timeout_is_dropped_and_a_late_confirm_ignored
     channel = _channel()
     on_frame = _aiormq_confirms(channel)
     book = aiormq_private.Confirms(channel)
-    await aiormq_private.write_window(channel, book, _outs("a", "b"))
+    await _write(channel, book, "a", "b")
     assert await book.wait(0, timeout=0) is False
     book.finish()
     assert [s.value for s in book.slots] == [aiormq_private.DROPPED] * 2
@@ -255,7 +264,7 @@ async def test_a_closing_channel_ends_the_wait_with_its_reason() -> None:
 
     channel.create_future = create_future
     book = aiormq_private.Confirms(channel)
-    await aiormq_private.write_window(channel, book, _outs("a"))
+    await _write(channel, book, "a")
     waiting = asyncio.ensure_future(book.wait(0, timeout=3600))
     await asyncio.sleep(0)
     reason = aiormq.exceptions.ChannelClosed(404, "NOT_FOUND")
@@ -272,12 +281,12 @@ async def test_nothing_is_written_to_a_channel_the_broker_is_closing() -> None:
     reason = aiormq.exceptions.ChannelNotFoundEntity(404, "NOT_FOUND - no exchange 'x'")
     channel = _channel(_close_exception=reason)
     book = aiormq_private.Confirms(channel)
-    assert not await aiormq_private.write_window(channel, book, _outs("a"))
+    assert not await _write(channel, book, "a")
     assert channel.write_queue.empty() and channel.confirmations == {}
     assert book.closed is reason and book.slots == [] and channel.delivery_tag == 0
     closed = _channel(is_closed=True)
     book = aiormq_private.Confirms(closed)
-    await aiormq_private.write_window(closed, book, _outs("a"))
+    await _write(closed, book, "a")
     assert closed.write_queue.empty()
     assert isinstance(book.closed, aiormq.exceptions.ChannelInvalidStateError)
 
@@ -286,7 +295,7 @@ async def test_frames_queued_while_the_channel_closed_are_taken_back() -> None:
     channel = _channel(write_queue=asyncio.Queue(maxsize=1))
     channel.write_queue.put_nowait("earlier")
     book = aiormq_private.Confirms(channel)
-    writing = asyncio.ensure_future(aiormq_private.write_window(channel, book, _outs("a")))
+    writing = asyncio.ensure_future(_write(channel, book, "a"))
     await asyncio.sleep(0)
     assert not writing.done(), "it waits for room in the write queue"
     channel._close_exception = reason = aiormq.exceptions.ChannelClosed(406, "PRECONDITION")
@@ -300,7 +309,7 @@ async def test_a_multiple_ack_is_settled_as_it_is_read() -> None:
     """No call_soon per message (aiormq's way): ``loop`` is not even there to use."""
     channel = _channel()
     book = aiormq_private.Confirms(channel)
-    assert await aiormq_private.write_window(channel, book, _outs("a", "b", "c"))
+    assert await _write(channel, book, "a", "b", "c")
     channel.loop = None
     await channel._on_confirm_frame(Basic.Ack(delivery_tag=2, multiple=True))
     assert [s.value for s in book.slots] == [True, True, None]

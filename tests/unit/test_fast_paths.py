@@ -27,7 +27,7 @@ from rmqdelay.core.journal import JournalRecord, encode_record, encode_scheduled
 from rmqdelay.core.layout import DIGITS, Layout
 from rmqdelay.core.messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, amqp_properties
 from rmqdelay.core.outgoing import Draft, Drafts, Prepared, PublishResult, WithRecords
-from rmqdelay.core.plan import digits_for, plan_delay
+from rmqdelay.core.plan import digits_for, plan_delay, plan_route
 from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.steps import Send
 from rmqdelay.core.templates import PropertyTemplates, new_message_id
@@ -243,6 +243,56 @@ def test_a_plans_short_path_is_digits_for(layout: Layout, data: st.DataObject) -
     positions = zip(layout.positions, digits, strict=True)
     assert plan.hops == tuple(p.tiers[d - 1] for p, d in positions if d)
     assert plan.routing_key == ".".join([*(DIGITS[d] for d in digits), "orders"])
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Layout:
+    """Positional, or with a named tier (plan_route then takes plan_delay's way)."""
+    named = draw(st.sampled_from([[], ["15m"], ["1m", "1h"]]))
+    return Settings(
+        resolution=f"{draw(st.sampled_from([1, 10, 1000]))}ms",
+        radix=draw(st.integers(2, 16)),
+        max_delay=f"{draw(st.integers(2 * 3_600_000, 400 * 86_400_000))}ms",
+        named_tiers=named,
+    ).layout
+
+
+@given(layouts(), st.data())
+def test_a_route_is_what_the_plan_says(layout: Layout, data: st.DataObject) -> None:
+    """The async publisher routes by plan_route and keeps no plan: the exchange, the
+    key it publishes with, the routing key and the hops are the plan's."""
+    now = data.draw(st.integers(0, 2**41))
+    delay_us = data.draw(st.integers(-(10**6), layout.max_delay_ms * 1000))
+    plan = plan_delay(layout, delay_us, "orders")
+    route = plan_route(layout, now + delay_us, now, "orders")
+    assert route == (plan.exchange, plan.publish_key, plan.routing_key, len(plan.hops), now)
+
+
+def test_a_route_over_the_maximum_raises_as_the_plan_does() -> None:
+    layout = CORE.layout
+    over = layout.max_delay_ms * 1000 + 1
+    with pytest.raises(DelayError) as planned:
+        plan_delay(layout, over, "orders")
+    with pytest.raises(DelayError) as routed:
+        plan_route(layout, over + 5, 5, "orders")
+    assert str(routed.value) == str(planned.value)
+
+
+def test_a_routed_result_is_the_finalized_ones() -> None:
+    """What the async publisher returns from a slot's message and route is what
+    ``PublishResult.of(finalize(...))`` returns, journal writes included; finalize at
+    the route's time gives the same plan again (for an error's words)."""
+    plain = CORE.prepare("orders", b"abc", delay="1m")
+    keyed = CORE._prepare_keyed("orders", b"abc", "1m", None, None, "k-1", "ignore")
+    now = CORE.prepare("orders", b"abc", delay=0)
+    write = CORE.journal_write([plain, keyed])
+    for prepared in (plain, keyed, now, write):
+        route = CORE.route(prepared)
+        out = CORE.finalize(prepared, route.planned_at_us)
+        assert (out.exchange, out.routing_key) == (route.exchange, route.publish_key)
+        result = PublishResult.routed(prepared, route.routing_key, route.hops)
+        assert result == PublishResult.of(out)
+        _holds_every_field(result)
 
 
 def test_a_batchs_journal_writes_are_made_when_first_read() -> None:
