@@ -258,8 +258,16 @@ def encode_properties(properties: Mapping[str, Any]) -> bytes:
 
 
 _FRAME_END = b"\xce"
-_PUBLISH = struct.pack(">HHH", 60, 40, 0)  # basic.publish, ticket 0
-_HEADER = struct.pack(">HH", 60, 0)  # content header of class basic, weight 0
+_METHOD_FRAME = struct.Struct(">BHIHHH").pack
+"""A method frame's header, then basic.publish and its ticket (0)."""
+_HEADER_FRAME = struct.Struct(">BHIHHQ").pack
+"""A content header frame's header, then class basic, weight 0 and the body size."""
+_BODY_FRAME = struct.Struct(">BHI").pack
+_MANDATORY = (b"\x00\xce", b"\x01\xce")
+"""The method's last octet (mandatory or not) and the frame's end."""
+_EXCHANGES: dict[str, bytes] = {}
+"""Exchange names as short strings: a publisher sends to a few tiers' exchanges."""
+_EXCHANGES_KEPT = 10_000
 
 
 def _frame(kind: int, channel: int, payload: bytes) -> bytes:
@@ -283,16 +291,26 @@ def encode_publish(
     half of its CPU per message (bench/README.md). ``properties`` is what
     :func:`encode_properties` returned; the body is split at ``frame_max``.
     """
-    method = (
-        _PUBLISH
-        + _shortstr("exchange", exchange)
-        + _shortstr("routing key", routing_key)
-        + (b"\x01" if mandatory else b"\x00")
-    )
+    name = _EXCHANGES.get(exchange)
+    if name is None:
+        name = _shortstr("exchange", exchange)
+        if len(_EXCHANGES) < _EXCHANGES_KEPT:
+            _EXCHANGES[exchange] = name
+    key = _shortstr("routing key", routing_key)
+    size = len(body)
     parts = [
-        _frame(1, channel, method),
-        _frame(2, channel, _HEADER + struct.pack(">Q", len(body)) + properties),
+        _METHOD_FRAME(1, channel, 7 + len(name) + len(key), 60, 40, 0),
+        name,
+        key,
+        _MANDATORY[mandatory],
+        _HEADER_FRAME(2, channel, 12 + len(properties), 60, 0, size),
+        properties,
+        _FRAME_END,
     ]
     step = frame_max - 8  # a frame's header and end
-    parts += (_frame(3, channel, body[i : i + step]) for i in range(0, len(body), step))
+    if size <= step:  # the usual message: one body frame, or none for an empty body
+        if size:
+            parts += (_BODY_FRAME(3, channel, size), body, _FRAME_END)
+        return b"".join(parts)
+    parts += (_frame(3, channel, body[i : i + step]) for i in range(0, size, step))
     return b"".join(parts)

@@ -8,6 +8,8 @@ general code it stands in for, or against the client library's own encoder.
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
@@ -22,7 +24,7 @@ from hypothesis import strategies as st
 from rmqdelay import Settings
 from rmqdelay.amqp.pika_confirms import _up_to
 from rmqdelay.amqp.publisher import pika_properties
-from rmqdelay.core import wire
+from rmqdelay.core import templates, wire
 from rmqdelay.core.journal import JournalRecord, encode_record, encode_scheduled
 from rmqdelay.core.layout import DIGITS, Layout
 from rmqdelay.core.messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, amqp_properties
@@ -181,6 +183,44 @@ def test_message_ids_are_version_4_uuids_and_differ() -> None:
         parsed = uuid.UUID(text)
         assert str(parsed) == text
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    # every variant digit a uuid4 can have shows up, and only those
+    assert {text[19] for text in ids} == set("89ab")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_never_sends_its_parents_next_ids() -> None:
+    """Ids are made ahead a few at a time: a child forked with some left makes its own."""
+    new_message_id()  # the parent now holds ids made ahead
+    ahead = list(templates._IDS)
+    assert ahead, "ids are made ahead"
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        try:
+            os.write(write, ",".join(new_message_id() for _ in range(3)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        made = pipe.read().split(",")
+    os.waitpid(child, 0)
+    assert len(made) == 3 and not set(made) & set(ahead)
+    assert new_message_id() == ahead[0], "the parent goes on with its own"
+
+
+def test_threads_never_take_the_same_id() -> None:
+    taken: list[list[str]] = [[] for _ in range(4)]
+
+    def take(into: list[str]) -> None:
+        into.extend(new_message_id() for _ in range(3000))
+
+    threads = [threading.Thread(target=take, args=(into,)) for into in taken]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = [i for into in taken for i in into]
+    assert len(set(ids)) == len(ids) == 12_000
 
 
 @given(
