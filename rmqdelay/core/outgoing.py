@@ -125,7 +125,7 @@ class _MadeWhenRead(Sequence[Prepared]):
 
     def __getitem__(self, index: int | slice) -> Prepared | list[Prepared]:
         if isinstance(index, slice):
-            return [self._at(i) for i in range(*index.indices(len(self)))]
+            return self._range(*index.indices(len(self)))
         size = len(self)
         if index < 0:
             index += size
@@ -136,6 +136,10 @@ class _MadeWhenRead(Sequence[Prepared]):
     def __iter__(self) -> Iterator[Prepared]:
         for index in range(len(self)):
             yield self._at(index)
+
+    def _range(self, start: int, stop: int, step: int) -> list[Prepared]:
+        """A slice, its indices in range (a sender reads a chunk at a time)."""
+        return [self._at(i) for i in range(start, stop, step)]
 
 
 class Drafts(_MadeWhenRead):
@@ -160,6 +164,16 @@ class Drafts(_MadeWhenRead):
         if isinstance(item, Draft):
             item = self.items[index] = self._make(item)
         return item
+
+    def _range(self, start: int, stop: int, step: int) -> list[Prepared]:
+        items, make = self.items, self._make
+        chunk: list[Prepared] = []
+        for index in range(start, stop, step):
+            item = items[index]
+            if isinstance(item, Draft):
+                item = items[index] = make(item)
+            chunk.append(item)
+        return chunk
 
 
 class WithRecords(_MadeWhenRead):
@@ -201,6 +215,11 @@ class WithRecords(_MadeWhenRead):
     def _at(self, index: int) -> Prepared:
         count = len(self.messages)
         return self.messages[index] if index < count else self.write(index - count)
+
+    def _range(self, start: int, stop: int, step: int) -> list[Prepared]:
+        if step == 1 and stop <= len(self.messages):  # messages only: the batch's slice
+            return list(self.messages[start:stop])
+        return super()._range(start, stop, step)
 
 
 @dataclass(frozen=True)

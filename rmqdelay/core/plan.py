@@ -160,23 +160,24 @@ def plan_route(layout: Layout, due_us: int, now_us: int, destination: str) -> Ro
     walked for every message in flight; ``tests/unit/test_fast_paths.py`` checks the
     two agree)."""
     delay_us = due_us - now_us
-    max_us, unit_us, positional, capacity = _bounds(layout)
-    units = max(0, -(-delay_us // unit_us))
+    max_us, unit_us, positional, capacity = bounds = _bounds(layout)
+    units = -(-delay_us // unit_us)
+    if units < 0:
+        units = 0
     if not positional or units > capacity or delay_us > max_us:
         plan = plan_delay(layout, delay_us, destination)
         return _route(
             Route, (plan.exchange, plan.publish_key, plan.routing_key, len(plan.hops), now_us)
         )
-    kind = _FORMATS.get(layout.radix)
-    if kind is not None:  # the digits in C: one character per position
-        written = format(units, kind).rjust(len(positional), "0")
+    kind, width, radix = _formats(layout, bounds)
+    if kind:  # the digits in C: one character per position
+        written = format(units, kind).rjust(width, "0")
         key = ".".join(written) + "." + destination
         significant = written.lstrip("0")
         if not significant:
             return _route(Route, ("", layout.work_queue(destination), key, 0, now_us))
-        first = len(written) - len(significant)
         hops = len(significant) - significant.count("0")
-        queue = positional[first][1][int(significant[0], layout.radix) - 1].queue
+        queue = positional[width - len(significant)][1][int(significant[0], radix) - 1].queue
         return _route(Route, (queue, key, key, hops, now_us))
     words = []
     queue = ""
@@ -197,6 +198,17 @@ def plan_route(layout: Layout, due_us: int, now_us: int, destination: str) -> Ro
 
 
 _Bounds = tuple[int, int, tuple[tuple[int, tuple[Tier, ...]], ...], int]
+
+
+def _formats(layout: Layout, bounds: _Bounds) -> tuple[str, int, int]:
+    """``format``'s letter for the layout's radix (empty when it has none), the number of
+    positional digits and the radix, kept on the layout as :func:`_bounds` is."""
+    try:
+        return layout.__dict__["_route_formats"]  # type: ignore[no-any-return]
+    except KeyError:
+        formats = (_FORMATS.get(layout.radix, ""), len(bounds[2]), layout.radix)
+        object.__setattr__(layout, "_route_formats", formats)
+        return formats
 
 
 def _bounds(layout: Layout) -> _Bounds:
