@@ -563,7 +563,7 @@ SPECS: tuple[Spec, ...] = (
         "rmqdelay async",
         RAW_AIO,
         _async(True, LONG),
-        also=(("pika", RAW_PIKA),),
+        also=(("pika", RAW_PIKA), ("own", RAW_TIERS_LONG)),
     ),
     Spec(
         "publish.async.many.long.nojournal",

@@ -43,8 +43,20 @@ def test_duration_numbers_are_exact_seconds() -> None:
     assert parse_duration_us(1e-7) == 1  # rounded up, never early
 
 
-@given(st.floats(min_value=-1e12, max_value=1e12, allow_nan=False))
+@given(
+    st.floats(min_value=-1e12, max_value=1e12, allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(min_value=0, max_value=3600).map(lambda f: round(f, 7))
+)
 def test_float_seconds_are_read_from_their_shortest_form(seconds: float) -> None:
+    assert parse_duration_us(seconds) == math.ceil(Fraction(repr(seconds)) * 1_000_000)
+
+
+@pytest.mark.parametrize(
+    "seconds",
+    [0.0, -0.0, 1e-7, -1e-7, 5e-324, 0.0000005, -0.0000015, 123.4567891, -123.4567891, 1e16],
+)
+def test_float_seconds_at_their_edges(seconds: float) -> None:
     assert parse_duration_us(seconds) == math.ceil(Fraction(repr(seconds)) * 1_000_000)
 
 
