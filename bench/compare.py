@@ -9,7 +9,8 @@ long/short, async many, one ``publish()``, the worker's drain, and raw pika as a
 the machine's noise) once in a fresh process per tree, the order alternating between
 rounds. Only ``PYTHONPATH`` differs between the two: this tree's bench package first, then
 the tree whose ``rmqdelay`` is measured (each child prints the ``rmqdelay`` it imported).
-Prints each key's median per tree and the ratio this / base; ``--out`` keeps the JSON.
+Prints each key's median per tree, the ratio this / base, and each tree's median client
+CPU per message (steadier than the rate on a shared machine); ``--out`` keeps the JSON.
 """
 
 from __future__ import annotations
@@ -91,12 +92,14 @@ def main(argv: list[str] | None = None) -> int:
             (bench_only / "bench").symlink_to(ROOT / "bench")
             trees = {"this": ROOT, "base": base_tree}
             runs: dict[str, dict[str, list[float]]] = {t: {k: [] for k in keys} for t in trees}
+            cpu: dict[str, dict[str, list[float]]] = {t: {k: [] for k in keys} for t in trees}
             for round_ in range(args.rounds):
                 order = ["this", "base"] if round_ % 2 == 0 else ["base", "this"]
                 for name in order:
                     result = _child(trees[name], bench_only, args, keys)
                     for key in keys:
                         runs[name][key].append(result["figures"][key]["value"])
+                        cpu[name][key].append(result["figures"][key]["client_cpu_us"])
                     print(f"round {round_ + 1}/{args.rounds} {name}: done", file=sys.stderr)
         finally:
             subprocess.run(
@@ -104,17 +107,26 @@ def main(argv: list[str] | None = None) -> int:
                 check=False,
             )
     print(f"this tree ({ROOT}) against {args.base} ({rev}), {args.rounds} rounds, alternating")
-    print(f"{'key':28} {'this':>9} {'base':>9} {'this/base':>9}  runs this | base")
+    print(
+        f"{'key':28} {'this':>9} {'base':>9} {'this/base':>9}  client µs/msg this base"
+        "  runs this | base"
+    )
     table: dict[str, Any] = {}
     for key in keys:
         this, base = statistics.median(runs["this"][key]), statistics.median(runs["base"][key])
+        # client CPU per message: steadier than the rate on a shared machine
+        this_cpu, base_cpu = (statistics.median(cpu[t][key]) for t in ("this", "base"))
         table[key] = {"this": this, "base": base, "ratio": round(this / base, 3), "unit": "msgs/s"}
+        table[key] |= {"client_cpu_us": {"this": this_cpu, "base": base_cpu}}
         spread = " ".join(f"{v:,.0f}" for v in runs["this"][key]) + " | "
         spread += " ".join(f"{v:,.0f}" for v in runs["base"][key])
-        print(f"{key:28} {this:9,.0f} {base:9,.0f} {this / base:9.2f}  {spread}")
+        print(
+            f"{key:28} {this:9,.0f} {base:9,.0f} {this / base:9.2f}  "
+            f"{this_cpu:8.1f} {base_cpu:5.1f}  {spread}"
+        )
     if args.out:
         doc = {"base": args.base, "rev": rev, "rounds": args.rounds, "count": args.count}
-        doc |= {"drain": args.drain, "figures": table, "runs": runs}
+        doc |= {"drain": args.drain, "figures": table, "runs": runs, "client_cpu_us": cpu}
         args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 
