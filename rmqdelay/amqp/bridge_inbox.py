@@ -58,6 +58,9 @@ BATCH = 500
 """Messages per ``publish_many`` at most: one batch's confirms and journal write."""
 LINGER_US = 5_000
 """How long the first message of a batch waits for others (see ``InboxCarrier._wait``)."""
+IDLE_S = 0.1
+"""How long a wait with nothing in hand lasts at most, unless a message comes: how soon
+a stop is seen."""
 PAUSE_S = 1.0
 """The pause after a batch the tiers refused, so a broken broker is not spun on."""
 _VALIDATION = (InvalidMessageError, DelayError)
@@ -101,6 +104,7 @@ class InboxCarrier:
         self.batch = max(1, min(batch, prefetch))
         self.count = count
         self._last = last or []
+        self.idle_s = IDLE_S
         self._stop = threading.Event()
         self._pending: list[Delivery] = []
         self._connection: pika.BlockingConnection | None = None
@@ -175,26 +179,29 @@ class InboxCarrier:
             close_connection(connection, self.settings.confirm_timeout)
 
     def _wait(self, connection: pika.BlockingConnection) -> None:
-        """Take what has arrived, up to a batch; wait up to 0.1 s when nothing has, and
-        for the first message of a batch, until ``LINGER_US`` after it arrived.
+        """Take what has arrived, up to a batch; with nothing in hand, wait up to
+        ``idle_s`` for the first message; then, for the others of its batch, until
+        ``LINGER_US`` after it arrived.
 
-        The linger costs no lateness (a message's delay counts from its arrival, and the
-        tiers round what is left up to the resolution), and saves the broker a confirm
-        round and a journal write per message at low rates.
+        The linger costs a message no lateness when its delay is longer (its delay
+        counts from its arrival, and the tiers round what is left up to the resolution),
+        and saves the broker a confirm round and a journal write per message at low
+        rates; an ``x-delay`` of 0 waits ``LINGER_US`` at most.
         """
         if not self._pending:
-            limit = 0.1
+            limit, wanted = self.idle_s, 1
         else:
             limit = (self._pending[0][3] + LINGER_US - now_us()) / 1e6
+            wanted = self.batch
             if limit <= 0 or len(self._pending) >= self.batch:
                 limit = 0
-        if not self._fast:
+        if not self._fast:  # pika returns once a delivery is dispatched, or at the limit
             connection.process_data_events(time_limit=limit)
             return
         with contextlib.suppress(TimeoutError):
             pika_private.wait_until(
                 connection,
-                lambda: len(self._pending) >= self.batch or self._stop.is_set(),
+                lambda: len(self._pending) >= wanted or self._stop.is_set(),
                 limit,
                 "inbox deliveries",
             )

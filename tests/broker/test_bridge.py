@@ -305,3 +305,40 @@ async def test_the_inbox_process_names_a_missing_inbox_and_stops_when_told(
     finally:
         if child.process.is_alive():
             child.process.kill()
+
+
+# ---------------------------------------------------------------- stage 1's wait
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["pika-private", "pika-public"])
+def test_an_idle_inbox_takes_a_message_as_it_comes_not_at_the_end_of_its_wait(
+    case: BridgeCase, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing in hand, stage 1 waits for the first message, and is done waiting
+    once it comes (its batch then lingers LINGER_US for others): an ``x-delay`` of 0 is
+    not held for the rest of the idle wait, on pika's private path or its public one."""
+    import threading
+    import time
+
+    from rmqdelay.amqp import bridge_inbox, pika_private
+
+    monkeypatch.setattr(pika_private, "FAST", fast)
+    case.declare("topic")
+    carrier = bridge_inbox.InboxCarrier(case.settings, case.names)
+    carrier.open()
+    try:
+        assert carrier._fast is fast
+        carrier.idle_s = 60.0  # the whole wait, were the message not to end it
+        threading.Timer(0.5, case.publish, ("k", b"now", 0)).start()
+        started = time.monotonic()
+        connection = carrier._connection
+        assert connection is not None
+        while not carrier._pending and time.monotonic() - started < 60:
+            carrier._wait(connection)
+        waited = time.monotonic() - started
+        assert len(carrier._pending) == 1
+        assert waited < 20, f"the first message ended the wait after {waited:.1f} s"
+    finally:
+        carrier.stop()
+        if carrier._connection is not None:
+            carrier._connection.close()
