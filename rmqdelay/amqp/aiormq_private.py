@@ -1,5 +1,6 @@
 """Every reach into aiormq's private state, in one place: the async publisher's windows,
-and the worker's deliveries without a task of aiormq's each (:func:`deliver_at_once`).
+the worker's deliveries without a task of aiormq's each (:func:`deliver_at_once`), and
+its acks made when aiormq's writer takes them (:func:`queue_made_late`).
 
 :func:`write_window` sends messages as one write of frames rmqdelay encoded, with a
 slot per message in the channel's own books (``confirmations``,
@@ -39,8 +40,10 @@ __all__ = [
     "DROPPED",
     "PROBLEM",
     "Confirms",
+    "can_queue_made_late",
     "can_write_frames",
     "deliver_at_once",
+    "queue_made_late",
     "self_check",
     "write_window",
 ]
@@ -407,3 +410,105 @@ def deliver_at_once(underlay: Any) -> bool:
     on_deliver_frame.rmqdelay = True  # type: ignore[attr-defined]
     underlay._on_deliver_frame = on_deliver_frame
     return True
+
+
+def _frame_problem(frame: type = ChannelFrame) -> str:
+    """What stops :func:`queue_made_late` on this aiormq: empty when nothing does."""
+    if not dataclasses.is_dataclass(frame):
+        return "aiormq.abc.ChannelFrame is no longer a dataclass"
+    fields = {field.name for field in dataclasses.fields(frame)}
+    if not {"payload", "should_close", "drain_future"} <= fields:
+        return "aiormq.abc.ChannelFrame has no payload, should_close or drain_future"
+    if not callable(getattr(frame, "drain", None)) or not isinstance(
+        getattr(frame, "should_drain", None), property
+    ):
+        return "aiormq.abc.ChannelFrame has no drain() or should_drain"
+    return ""
+
+
+LATE_PROBLEM = _frame_problem()
+"""Why :func:`queue_made_late` is off for this process, or empty."""
+
+
+class _MadeLate(ChannelFrame):
+    """A frame whose bytes are made when aiormq's writer reads them (``payload``), once:
+    what was asked for up to that moment goes in it. Written on a closed or closing
+    channel, it is empty, and its drain future says why."""
+
+    _underlay: Any
+    _make: Callable[[], bytes]
+    _made: bytes | None
+
+    def __init__(
+        self, underlay: Any, make: Callable[[], bytes], drain: asyncio.Future[Any]
+    ) -> None:
+        # a frozen dataclass: its fields are set as its own __init__ sets them
+        object.__setattr__(self, "should_close", False)
+        object.__setattr__(self, "drain_future", drain)
+        object.__setattr__(self, "_underlay", underlay)
+        object.__setattr__(self, "_make", make)
+        object.__setattr__(self, "_made", None)
+
+    @property
+    def payload(self) -> bytes:
+        made = self._made
+        if made is None:  # read once by the writer; a debug log's repr reads it too
+            reason = _gone(self._underlay)
+            drain: asyncio.Future[Any] = self.drain_future  # type: ignore[assignment]
+            if reason is not None:
+                made = b""
+                if not drain.done():
+                    drain.set_exception(reason)
+            else:
+                made = self._make()
+            object.__setattr__(self, "_made", made)
+        return made
+
+    def __repr__(self) -> str:
+        return f"<rmqdelay frame made late ({'made' if self._made is not None else 'queued'})>"
+
+
+def _gone(underlay: Any) -> BaseException | None:
+    """Why a frame must not be written on this channel now (closed, or answering the
+    broker's close: see :func:`_closing`), or None."""
+    reason: BaseException | None = getattr(underlay, "_close_exception", None)
+    if reason is None:
+        closing = getattr(underlay, "_Channel__close_event", None)  # basic_ack checks it
+        if underlay.is_closed or (closing is not None and closing.is_set()):
+            reason = aiormq.exceptions.ChannelInvalidStateError(f"{underlay!r} closed")
+    return reason
+
+
+def can_queue_made_late(underlay: Any) -> bool:
+    """Whether :func:`queue_made_late` may run on this channel; otherwise the worker acks
+    through ``basic_ack``."""
+    if LATE_PROBLEM or not client_fast():
+        return False
+    return (
+        isinstance(getattr(underlay, "write_queue", None), asyncio.Queue)
+        and isinstance(getattr(underlay, "number", None), int)
+        and callable(getattr(underlay, "create_future", None))
+        and hasattr(underlay, "is_closed")
+    )
+
+
+def queue_made_late(underlay: Any, make: Callable[[], bytes]) -> asyncio.Future[Any] | None:
+    """Queue a frame for the connection's writer whose bytes ``make`` returns when the
+    writer takes it; the future resolves once they are written, and fails when the
+    channel closes first (it is in the channel's own store). None, and nothing queued,
+    when the writer's queue is full or the channel is closed or closing.
+
+    Why: the worker's acks went to aiormq as a task that ran on the loop's next turn and
+    queued a ``basic.ack``, which the writer wrote a turn later. Queued at the first ack
+    of a turn and made as it leaves, the frame goes a turn sooner and still carries every
+    ack asked for until then (bench/README.md, the worker's drain).
+    """
+    if _gone(underlay) is not None:
+        return None
+    drain: asyncio.Future[Any] = underlay.create_future()
+    try:
+        underlay.write_queue.put_nowait(_MadeLate(underlay, make, drain))
+    except asyncio.QueueFull:
+        drain.cancel()
+        return None
+    return drain

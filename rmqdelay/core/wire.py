@@ -25,6 +25,7 @@ __all__ = [
     "FRAME_MAX",
     "MAX_PROPERTIES_BYTES",
     "SHORTSTR_MAX",
+    "encode_acks",
     "encode_properties",
     "encode_publish",
 ]
@@ -313,4 +314,22 @@ def encode_publish(
             parts += (_BODY_FRAME(3, channel, size), body, _FRAME_END)
         return b"".join(parts)
     parts += (_frame(3, channel, body[i : i + step]) for i in range(0, size, step))
+    return b"".join(parts)
+
+
+_ACK = struct.Struct(">BHIHHQB")
+"""A basic.ack method frame up to its end octet: type 1, channel, size 13, class 60,
+method 80, delivery tag, the ``multiple`` bit."""
+
+
+def encode_acks(
+    channel: int, multiple: int | None, covered: int, singles: tuple[int, ...]
+) -> bytes:
+    """A channel's acks as bytes: ``multiple`` (a tag, or None) acked with the ``multiple``
+    bit when it covers more than one delivery, then each of ``singles`` alone (the frames
+    :class:`rmqdelay.core.acks.AckPlan` asks for, in its order)."""
+    parts = []
+    if multiple is not None:
+        parts.append(_ACK.pack(1, channel, 13, 60, 80, multiple, covered > 1) + _FRAME_END)
+    parts += (_ACK.pack(1, channel, 13, 60, 80, tag, 0) + _FRAME_END for tag in singles)
     return b"".join(parts)

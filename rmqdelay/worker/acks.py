@@ -1,11 +1,16 @@
 """A session's acks, batched: contiguous acks go as one ``basic.ack`` with ``multiple``.
 
 Each :meth:`Acker.ack` is asked for once its message is done (the handler succeeded,
-any republish or parked copy confirmed) and waits until the ack is written. The acks
-asked for while the event loop turns go out together at its next turn: the done run
-from the lowest unsettled delivery as one ``multiple`` ack, every other done one alone
-(a slow handler below it must not hold it). Rejects and nacks go alone at once. What
-may be sent is :class:`rmqdelay.core.acks.AckLedger`'s to say; this module sends it.
+any republish or parked copy confirmed) and waits until the ack is written. The first
+ack asked for when none is waiting queues a frame for the connection's writer whose
+bytes are made as the writer takes it (:func:`~rmqdelay.amqp.aiormq_private.queue_made_late`):
+every ack asked for until then goes in it, the done run from the lowest unsettled
+delivery as one ``multiple`` ack, every other done one alone (a slow handler below it
+must not hold it). Where that reach is off (``RMQDELAY_CLIENT_FAST=0``, an aiormq it
+does not know, a full write queue), a task sends what was asked for while the event
+loop turned through ``basic_ack``, one frame at a time. Rejects and nacks go alone at
+once. What may be sent is :class:`rmqdelay.core.acks.AckLedger`'s to say; this module
+sends it.
 """
 
 from __future__ import annotations
@@ -15,9 +20,24 @@ from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from ..amqp.aiormq_private import can_queue_made_late, queue_made_late
 from ..core.acks import AckLedger, AckPlan, TagState
+from ..core.wire import encode_acks
 
 __all__ = ["Acker"]
+
+
+class _Frame:
+    """The acks one frame made late carries: its waiters and single acks, once made."""
+
+    __slots__ = ("made", "over", "singles", "waiters")
+
+    def __init__(self) -> None:
+        self.made = False
+        self.over = False
+        """Written, or failed before the writer took it: it takes no more acks."""
+        self.waiters: list[asyncio.Future[None]] = []
+        self.singles: tuple[int, ...] = ()
 
 
 class Acker:
@@ -25,13 +45,18 @@ class Acker:
 
     def __init__(self, channel: Any) -> None:
         self._channel = channel
-        """The consumers' aiormq channel (its ``basic_ack``)."""
+        """The consumers' aiormq channel (its ``basic_ack``, or its writer's queue)."""
         self.ledger = AckLedger()
-        self._next: asyncio.Future[None] | None = None
-        """Resolved once the acks asked for since the last flush are written."""
+        self._waiters: list[asyncio.Future[None]] = []
+        """One per ack asked for and not yet in a frame; resolved once it is written."""
+        self._pending = False
+        """A frame (made late) or the flusher task will take ``_waiters``."""
         self._flusher: asyncio.Task[None] | None = None
+        self._late = can_queue_made_late(channel)
         self.frames = 0
         """``basic.ack`` frames sent (for tests and benches: fewer than acks)."""
+        self.made_late = 0
+        """Of those, frames made as the writer took them (for tests and benches)."""
 
     def delivered(self, message: AbstractIncomingMessage) -> None:
         """Called for each delivery as it arrives, before any other of its steps."""
@@ -47,15 +72,17 @@ class Acker:
         self.ledger.forget(message.delivery_tag or 0)
 
     async def ack(self, message: AbstractIncomingMessage) -> None:
-        """Ack ``message`` with the next batch; raises what sending it raised."""
+        """Ack ``message`` with the next frame; raises what sending it raised."""
         self.ledger.done(message.delivery_tag or 0)
-        future = self._next
-        if future is None:
-            future = self._next = asyncio.get_running_loop().create_future()
-        if self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
-        # shielded: one cancelled waiter must not cancel the batch's other waiters
-        await asyncio.shield(future)
+        loop = asyncio.get_running_loop()
+        # one future each: a cancelled waiter cancels only its own
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        if not self._pending:
+            self._pending = True
+            if not (self._late and self._queue_late()):
+                self._flusher = loop.create_task(self._flush())
+        await waiter
 
     async def reject(self, message: AbstractIncomingMessage, *, requeue: bool) -> None:
         await self._alone(message, message.reject(requeue=requeue))
@@ -76,25 +103,79 @@ class Acker:
         finally:
             self.ledger.sent(tag)
 
+    # ------------------------------------------------------------ made late
+
+    def _queue_late(self) -> bool:
+        """Queue a frame made as the writer takes it; False when none could be queued."""
+        frame = _Frame()
+        drain = queue_made_late(self._channel, lambda: self._make(frame))
+        if drain is None:
+            return False
+        drain.add_done_callback(lambda done: self._written(frame, done))
+        return True
+
+    def _make(self, frame: _Frame) -> bytes:
+        """The writer takes the frame: every ack asked for until now goes in it."""
+        if frame.over:  # failed while queued: its acks went with it
+            return b""
+        frame.made = True
+        frame.waiters, self._waiters = self._waiters, []
+        self._pending = False
+        plan = self.ledger.take()
+        frame.singles = plan.singles
+        count = (plan.multiple is not None) + len(plan.singles)
+        self.frames += count
+        self.made_late += count
+        return encode_acks(self._channel.number, plan.multiple, plan.covered, plan.singles)
+
+    def _written(self, frame: _Frame, drain: asyncio.Future[Any]) -> None:
+        """The frame is written, or its channel closed first."""
+        frame.over = True
+        for tag in frame.singles:
+            self.ledger.sent(tag)
+        if not frame.made:  # never written: the acks waiting for it fail with it, and
+            # leave the ledger as a sent frame's would (no later frame acks them after all)
+            frame.waiters, self._waiters = self._waiters, []
+            self._pending = False
+            for tag in self.ledger.take().singles:
+                self.ledger.sent(tag)
+        if drain.cancelled():
+            for waiter in frame.waiters:
+                waiter.cancel()
+            return
+        error = drain.exception()
+        for waiter in frame.waiters:
+            if waiter.done():  # its task was cancelled
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
+
+    # ------------------------------------------------------------ basic_ack
+
     async def _flush(self) -> None:
         """Send the batches, one at a time (a frame never overtakes an earlier one)."""
         try:
-            while self._next is not None:
-                future, self._next = self._next, None
+            while self._waiters:
+                waiters, self._waiters = self._waiters, []
                 try:
                     await self._send(self.ledger.take())
                 except Exception as exc:
-                    if not future.done():
-                        future.set_exception(exc)
-                        future.exception()  # retrieved: a batch nobody waits for any more
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_exception(exc)
                 except BaseException:  # cancelled (the loop ends): so are its waiters
-                    future.cancel()
+                    for waiter in waiters:
+                        waiter.cancel()
                     raise
                 else:
-                    if not future.done():
-                        future.set_result(None)
+                    for waiter in waiters:
+                        if not waiter.done():
+                            waiter.set_result(None)
         finally:
             self._flusher = None
+            self._pending = False
 
     async def _send(self, plan: AckPlan) -> None:
         # each written before the next is queued, as ``message.ack()`` waits for it

@@ -1,6 +1,7 @@
-"""The worker's two reaches past its clients' public APIs (aiormq's deliveries without a
-task each, aio-pika's message built without its per-attribute lock check) give the same
-outcome as the public way, which ``RMQDELAY_CLIENT_FAST=0`` asks for."""
+"""The worker's reaches past its clients' public APIs (aiormq's deliveries without a task
+each, aio-pika's message built without its per-attribute lock check, acks made as aiormq's
+writer takes them) give the same outcome as the public way, which
+``RMQDELAY_CLIENT_FAST=0`` asks for."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rmqdelay.amqp import aiopika_private, aiormq_private
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.core.messages import DUE_AT
 from rmqdelay.worker import session as session_module
+from rmqdelay.worker.acks import Acker
 from rmqdelay.worker.context import Context
 from rmqdelay.worker.delivery import Delivery
 from rmqdelay.worker.hooks import WorkerHook
@@ -63,8 +65,16 @@ async def test_deliveries_come_the_same_either_way(
         built[0] += 1
         return real_fast(delivered, no_ack)
 
+    ackers: list[Acker] = []
+
+    class Counted(Acker):
+        def __init__(self, channel: Any) -> None:
+            super().__init__(channel)
+            ackers.append(self)
+
     monkeypatch.setattr(session_module, "deliver_at_once", counted_at_once)  # as imported
     monkeypatch.setattr(aiopika_private, "_fast", counted_fast)
+    monkeypatch.setattr(session_module, "Acker", Counted)
 
     @app.handler(dest, max_attempts=1)
     async def handle(body: str, ctx: Context) -> None:
@@ -85,11 +95,15 @@ async def test_deliveries_come_the_same_either_way(
         assert message.body and message.message_id in ids
         assert DUE_AT in message.headers and message.delivery_tag
         assert message.consumer_tag and not message.redelivered and not message.locked
+    (acker,) = ackers
+    assert 1 <= acker.frames <= COUNT
     if fast == "1":
         assert at_once == [True]
         assert tasks[0] == 0, "aiormq started a task per delivery"
         assert built[0] == COUNT
+        assert acker.made_late == acker.frames
     else:
         assert at_once == [False]
         assert tasks[0] == COUNT
         assert built[0] == 0
+        assert acker.made_late == 0

@@ -319,3 +319,31 @@ async def test_a_multiple_ack_is_settled_as_it_is_read() -> None:
     assert channel._on_confirm_frame is installed
     await channel._on_confirm_frame(Basic.Ack(delivery_tag=3, multiple=True))
     assert [s.value for s in book.slots] == [True, True, True]
+
+
+def test_frames_made_late_need_the_channel_frame_aiormq_writes() -> None:
+    """The writer reads ``payload``, then ``should_drain`` and ``drain()``: a frame
+    without them, or no dataclass, turns the made-late acks off (basic_ack instead)."""
+    assert aiormq_private.LATE_PROBLEM == ""
+
+    @dataclass(frozen=True)
+    class NoDrain:
+        payload: bytes
+        should_close: bool
+
+    class Plain:
+        payload = b""
+
+    assert "drain_future" in aiormq_private._frame_problem(NoDrain)
+    assert "dataclass" in aiormq_private._frame_problem(Plain)
+
+
+def test_frames_made_late_are_off_on_a_channel_without_a_write_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop_free = SimpleNamespace(write_queue=asyncio.Queue(), number=1, is_closed=False)
+    loop_free.create_future = lambda: None
+    assert aiormq_private.can_queue_made_late(loop_free)
+    assert not aiormq_private.can_queue_made_late(SimpleNamespace(number=1, is_closed=False))
+    monkeypatch.setattr(aiormq_private, "LATE_PROBLEM", "aiormq x.y")
+    assert not aiormq_private.can_queue_made_late(loop_free)
