@@ -20,6 +20,7 @@ import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
 from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from ..core.plan import Route
 from ..core.publisher_core import PublisherCore
 from ..core.wire import encode_publish
 from . import pika_private
@@ -167,7 +168,9 @@ class Pipelined:
         self.impl = impl = pika_private.open_channel(connection, timeout)
         self.closed: BaseException | None = None
         self.next_tag = 1
-        self.pending: dict[int, tuple[int, Outgoing]] = {}
+        self.pending: dict[int, tuple[int, Prepared, Route]] = {}
+        """Per delivery tag: the message's index in the batch, the message, its route
+        (its whole :class:`Outgoing` is made again from that for an error only)."""
         self.outcomes: list[Outcome | None] = []
         self.returned: dict[str, str] = {}
         ready: list[bool] = []
@@ -200,35 +203,42 @@ class Pipelined:
         tag = int(method.delivery_tag)
         tags = _up_to(self.pending, tag) if method.multiple else [tag]
         nack = isinstance(method, pika.spec.Basic.Nack)
+        pending, returned, routed = self.pending, self.returned, PublishResult.routed
         for t in tags:
-            index, out = self.pending.pop(t, (-1, None))
-            if out is None:
+            entry = pending.pop(t, None)
+            if entry is None:
                 continue
-            reason = self.returned.pop(out.message_id, None)
+            index, prepared, route = entry
+            reason = returned.pop(prepared.message_id, None) if returned else None
             outcome: Outcome
             if reason is not None:
-                outcome = self.core.returned(out, reason)
+                outcome = self.core.returned(self._outgoing(prepared, route), reason)
             elif nack:
-                outcome = self.core.nacked(out)
+                outcome = self.core.nacked(self._outgoing(prepared, route))
             else:
-                outcome = PublishResult.of(out)
+                outcome = routed(prepared, route.routing_key, route.hops)
             self.outcomes[index] = outcome
+
+    def _outgoing(self, prepared: Prepared, route: Route) -> Outgoing:
+        """The message as it was sent, planned again at the same instant (the same plan)."""
+        return self.core.finalize(prepared, route.planned_at_us)
 
     def send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(batch)
         self.outcomes = outcomes
         number, limit = self.impl.channel_number, int(self.impl.connection.params.frame_max)
         frames: list[bytes] = []
+        route_of, pending = self.core.route, self.pending
         try:
             for n, prepared in enumerate(batch):
-                out = self.core.finalize(prepared)
-                self.pending[self.next_tag] = (n, out)
+                route = route_of(prepared)  # no DelayPlan or Outgoing per message in flight
+                pending[self.next_tag] = (n, prepared, route)
                 self.next_tag += 1
                 frames.append(
                     encode_publish(
                         number,
-                        out.exchange,
-                        out.routing_key,
+                        route.exchange,
+                        route.publish_key,
                         prepared.encoded_properties,
                         prepared.body,
                         frame_max=limit,
@@ -253,7 +263,8 @@ class Pipelined:
     def _give_up(self, exc: BaseException) -> None:
         """Fail what waits for a confirm, and leave the channel: its tags are unknown now."""
         self.lost = exc
-        for index, out in self.pending.values():
+        for index, prepared, route in self.pending.values():
+            out = self._outgoing(prepared, route)
             self.outcomes[index] = _failed(self.core, out, exc, self.timeout)
         self.pending.clear()
         self.close()
