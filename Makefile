@@ -9,11 +9,11 @@
 #                 (PYTEST_ARGS='-k foo -x' passes options through, and lifts the floor)
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make test-browser  the dashboard in headless Chromium (tests/browser, Selenium; installs
-#                 Debian's chromium and chromium-driver when missing); CI runs it after make test
+#                 Debian's chromium and chromium-driver when missing); CI runs it beside make test
 #   make screenshots  the same, its screenshots written to docs/screenshots (the README's)
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq43  the suite against RabbitMQ 4.3 in a Debian sid chroot on :5683
-#                 (make rmq43-stop); CI runs it beside `make test` (3.10)
+#                 (make rmq43-stop); CI runs its tests/broker beside `make test` (3.10)
 #   make test-rmq4  the same against RabbitMQ 4.0 in a trixie chroot on :5682 (rmq4-stop)
 #   make test-deps  the publishers' and worker's tests on the oldest and the newest pika,
 #                 aio-pika, aiormq, pamqp and yarl that pyproject.toml allows
