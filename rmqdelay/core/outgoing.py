@@ -165,6 +165,13 @@ class Drafts(_MadeWhenRead):
             item = self.items[index] = self._make(item)
         return item
 
+    def __iter__(self) -> Iterator[Prepared]:  # the sync sender's way: no index checks
+        items, make = self.items, self._make
+        for index, item in enumerate(items):
+            if isinstance(item, Draft):
+                item = items[index] = make(item)
+            yield item
+
     def _range(self, start: int, stop: int, step: int) -> list[Prepared]:
         items, make = self.items, self._make
         chunk: list[Prepared] = []
@@ -215,6 +222,11 @@ class WithRecords(_MadeWhenRead):
     def _at(self, index: int) -> Prepared:
         count = len(self.messages)
         return self.messages[index] if index < count else self.write(index - count)
+
+    def __iter__(self) -> Iterator[Prepared]:
+        yield from self.messages
+        for index in range(len(self._writes)):
+            yield self.write(index)
 
     def _range(self, start: int, stop: int, step: int) -> list[Prepared]:
         if step == 1 and stop <= len(self.messages):  # messages only: the batch's slice

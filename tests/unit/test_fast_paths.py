@@ -413,6 +413,8 @@ def test_publish_manys_plain_messages_are_made_as_the_sender_reads_them() -> Non
     assert step.batch.items[0] is first and type(step.batch.items[1]) is Draft
     sent = list(step.batch)
     assert sent[0] is first and [p.due_at_us for p in sent] == sorted(p.due_at_us for p in sent)
+    # iterating makes them in place, as indexing does: read again, the same objects
+    assert step.batch.items == sent and all(step.batch[i] is sent[i] for i in range(3))
     outs = [PublishResult.of(core.finalize(p)) for p in sent]
     try:
         flow.send(outs)
