@@ -111,8 +111,9 @@ class Draft(NamedTuple):
 
 
 class _MadeWhenRead(Sequence[Prepared]):
-    """Messages of which some are made when first read: indexing, slices and iteration
-    all go through :meth:`_at`, with an index from 0 to ``len(self) - 1``."""
+    """Messages of which some are made when first read: indexing and slices go through
+    :meth:`_at`, with an index from 0 to ``len(self) - 1``; each kind walks itself in
+    order without it (``__iter__``), as the senders read a batch."""
 
     def _at(self, index: int) -> Prepared:
         raise NotImplementedError
@@ -132,10 +133,6 @@ class _MadeWhenRead(Sequence[Prepared]):
         if not 0 <= index < size:
             raise IndexError(index)
         return self._at(index)
-
-    def __iter__(self) -> Iterator[Prepared]:
-        for index in range(len(self)):
-            yield self._at(index)
 
     def _range(self, start: int, stop: int, step: int) -> list[Prepared]:
         """A slice, its indices in range (a sender reads a chunk at a time)."""
