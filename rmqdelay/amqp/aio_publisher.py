@@ -419,10 +419,7 @@ class AsyncPublisher(
                 return self.core.nacked(out)
             return PublishError(f"message {out.message_id} was not confirmed: {exc}")
         if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-            detail = str(exc.args[-1] if exc.args else exc)
-            if f"'{out.exchange}'" not in detail:  # another message's missing exchange
-                return self.core.unconfirmed(out.message_id, detail)
-            return self.core.no_exchange(out, detail)
+            return self.core.no_exchange(out, str(exc.args[-1] if exc.args else exc))
         if isinstance(exc, _LOST):
             self._lost = exc
             return self.core.unconfirmed(out.message_id, exc)

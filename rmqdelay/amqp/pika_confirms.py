@@ -78,10 +78,7 @@ def open_confirm_channel(
 def _failed(core: PublisherCore, out: Outgoing, exc: BaseException, timeout: float) -> Outcome:
     """The outcome of a message whose confirm the loss of its channel took away."""
     if getattr(exc, "reply_code", None) == 404:  # the channel closed on a missing exchange
-        detail = str(exc.args[-1])
-        if f"'{out.exchange}'" not in detail:  # another message's: this one's fate is unknown
-            return core.unconfirmed(out.message_id, detail)
-        return core.no_exchange(out, detail)
+        return core.no_exchange(out, str(exc.args[-1]))
     if isinstance(exc, TimeoutError):
         return core.no_confirm(out.message_id, timeout)
     return core.unconfirmed(out.message_id, repr(exc))

@@ -97,8 +97,12 @@ def nacked(out: Outgoing) -> PublishNackedError:
     )
 
 
-def no_exchange(out: Outgoing, detail: str) -> UnroutableError:
-    """The broker closed the channel: the tier's exchange does not exist (404)."""
+def no_exchange(out: Outgoing, detail: str) -> UnroutableError | PublisherClosedError:
+    """The broker closed the channel on a missing exchange (404, ``detail`` its words):
+    this message's tier exchange, or another message's, which leaves this one's fate
+    unknown (it may have been routed before the close)."""
+    if f"'{out.exchange}'" not in detail:
+        return unconfirmed(out.message_id, detail)
     return UnroutableError(
         f"message {out.message_id} was not sent: {detail}; run `rmqdelay topology apply`"
     )
