@@ -28,8 +28,8 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from ..core.bridge import CONTENT_TYPE, PROPERTY_NAMES, BridgeNames, Carried, carry
-from ..core.clock import now_ms, now_us
+from ..core.bridge import CONTENT_TYPE, PROPERTY_NAMES, BridgeNames, Carried, carry, read_delay
+from ..core.clock import now_ms, now_us, us_of_ms
 from ..core.messages import amqp_properties
 from ..core.parking import parked_headers
 from ..core.wire import encode_properties
@@ -56,8 +56,12 @@ PREFETCH = 1000
 """Inbox messages a bridge process holds unacked at most."""
 BATCH = 500
 """Messages per ``publish_many`` at most: one batch's confirms and journal write."""
-LINGER_US = 5_000
-"""How long the first message of a batch waits for others (see ``InboxCarrier._wait``)."""
+LINGER_US = 20_000
+"""How long the first message of a batch waits for others at most (see
+``InboxCarrier._wait``)."""
+MARGIN_US = 5_000
+"""A message whose delay is shorter than the linger waits for others until this long
+before it is due, at the latest."""
 IDLE_S = 0.1
 """How long a wait with nothing in hand lasts at most, unless a message comes: how soon
 a stop is seen."""
@@ -107,6 +111,8 @@ class InboxCarrier:
         self.idle_s = IDLE_S
         self._stop = threading.Event()
         self._pending: list[Delivery] = []
+        self._go_us: int | None = None
+        """When the batch in hand goes (µs): see :meth:`_wait`."""
         self._connection: pika.BlockingConnection | None = None
         self._channel: Any = None
         """The consumer: the BlockingChannel, or the pika channel under it (fast path)."""
@@ -170,6 +176,8 @@ class InboxCarrier:
                         self._pending[: self.batch],
                         self._pending[self.batch :],
                     )
+                    # what is left has waited for this batch: it goes next, at once
+                    self._go_us = 0 if self._pending else None
                     self._carry(batch)
         except BaseException as exc:
             if not isinstance(exc, (*LOST, RmqDelayError)):
@@ -181,30 +189,36 @@ class InboxCarrier:
     def _wait(self, connection: pika.BlockingConnection) -> None:
         """Take what has arrived, up to a batch; with nothing in hand, wait up to
         ``idle_s`` for the first message; then, for the others of its batch, until
-        ``LINGER_US`` after it arrived.
+        ``LINGER_US`` after it arrived, or ``MARGIN_US`` before a message in hand with a
+        shorter delay is due (an ``x-delay`` of 0 goes at once).
 
-        The linger costs a message no lateness when its delay is longer (its delay
-        counts from its arrival, and the tiers round what is left up to the resolution),
-        and saves the broker a confirm round and a journal write per message at low
-        rates; an ``x-delay`` of 0 waits ``LINGER_US`` at most.
+        The linger costs a message no lateness (its delay counts from its arrival, and
+        the tiers round what is left up to the resolution), and saves stage 1 and the
+        broker a confirm round, a journal write and an ack per batch: at 250 msgs/s, 20 ms
+        against 5 took stage 1's CPU per message from 707-760 µs to 587-600, and the
+        broker's from 4,533 to 4,260 (``python -m bench.bridge --only lateness``).
         """
-        if not self._pending:
+        go = self._go_us
+        if not self._pending or go is None:
             limit, wanted = self.idle_s, 1
         else:
-            limit = (self._pending[0][3] + LINGER_US - now_us()) / 1e6
+            limit = (go - now_us()) / 1e6
             wanted = self.batch
             if limit <= 0 or len(self._pending) >= self.batch:
                 limit = 0
         if not self._fast:  # pika returns once a delivery is dispatched, or at the limit
             connection.process_data_events(time_limit=limit)
             return
-        with contextlib.suppress(TimeoutError):
-            pika_private.wait_until(
-                connection,
-                lambda: len(self._pending) >= wanted or self._stop.is_set(),
-                limit,
-                "inbox deliveries",
+
+        def done() -> bool:  # or a message came that cannot wait as long: the caller waits again
+            return (
+                len(self._pending) >= wanted
+                or self._stop.is_set()
+                or (self._go_us is not None and self._go_us != go)
             )
+
+        with contextlib.suppress(TimeoutError):
+            pika_private.wait_until(connection, done, limit, "inbox deliveries")
 
     # ------------------------------------------------------------------ stage 1
 
@@ -215,7 +229,13 @@ class InboxCarrier:
         props: pika.spec.BasicProperties,
         body: bytes,
     ) -> None:
-        self._pending.append((method, props, body, now_us()))
+        received = now_us()
+        self._pending.append((method, props, body, received))
+        delay_ms = read_delay(props.headers, self.settings.layout.max_delay_ms).delay_ms
+        linger = LINGER_US if delay_ms is None else min(LINGER_US, us_of_ms(delay_ms) - MARGIN_US)
+        go = received + max(0, linger)
+        if self._go_us is None or go < self._go_us:
+            self._go_us = go
 
     def _carry(self, batch: list[Delivery]) -> None:
         """Schedule or park every message of ``batch``, then settle each."""

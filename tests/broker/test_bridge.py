@@ -342,3 +342,43 @@ def test_an_idle_inbox_takes_a_message_as_it_comes_not_at_the_end_of_its_wait(
         carrier.stop()
         if carrier._connection is not None:
             carrier._connection.close()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["pika-private", "pika-public"])
+def test_a_batch_lingers_no_longer_than_its_shortest_delay_allows(
+    case: BridgeCase, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch in hand waits ``LINGER_US`` for others, unless a message with a shorter
+    delay comes: an ``x-delay`` of 0 ends the linger at once, though the first message
+    of the batch could have waited a minute."""
+    import threading
+    import time
+
+    from rmqdelay.amqp import bridge_inbox, pika_private
+
+    monkeypatch.setattr(pika_private, "FAST", fast)
+    monkeypatch.setattr(bridge_inbox, "LINGER_US", 60_000_000)
+    case.declare("topic")
+    carrier = bridge_inbox.InboxCarrier(case.settings, case.names)
+    carrier.open()
+    try:
+        connection = carrier._connection
+        assert connection is not None
+        case.publish("k", b"later", 3_600_000)
+        started = time.monotonic()
+        while not carrier._pending and time.monotonic() - started < 30:
+            carrier._wait(connection)
+        assert len(carrier._pending) == 1
+        threading.Timer(0.5, case.publish, ("k", b"now", 0)).start()
+        started = time.monotonic()
+        carrier._wait(connection)  # the linger: 60 s, were the second not to end it
+        while len(carrier._pending) < 2 and time.monotonic() - started < 60:
+            carrier._wait(connection)
+        carrier._wait(connection)  # the batch is due now: no wait
+        waited = time.monotonic() - started
+        assert len(carrier._pending) == 2
+        assert waited < 20, f"the x-delay 0 message ended the linger after {waited:.1f} s"
+    finally:
+        carrier.stop()
+        if carrier._connection is not None:
+            carrier._connection.close()
