@@ -194,9 +194,10 @@ class InboxCarrier:
 
         The linger costs a message no lateness (its delay counts from its arrival, and
         the tiers round what is left up to the resolution), and saves stage 1 and the
-        broker a confirm round, a journal write and an ack per batch: at 250 msgs/s, 20 ms
-        against 5 took stage 1's CPU per message from 707-760 µs to 587-600, and the
-        broker's from 4,533 to 4,260 (``python -m bench.bridge --only lateness``).
+        broker a confirm round, a journal write and an ack per batch: at 500 msgs/s, 20 ms
+        against 5 took the bridge's CPU per message from 1,531 µs to 1,369 and the
+        broker's from 3,910 to 3,292 (``python -m bench.bridge --only lateness
+        --lateness-bridges 1 --variant-root`` a tree at 5 ms, side by side).
         """
         go = self._go_us
         if not self._pending or go is None:
