@@ -37,8 +37,10 @@ __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 
 T = TypeVar("T")
 _CHUNK = 128
-"""At most this many messages per write (and a quarter of the window): a write as soon
-as a chunk's room is free keeps the broker busy while the client encodes the next."""
+"""At most this many messages per write (and a quarter of the window)."""
+_REFILL = 16
+"""A write as soon as this much room is free (what is free, up to a chunk): the window
+stays nearly full, as a pipelining client's does, while the client encodes the next."""
 _IDLE_CHANNELS = 3
 """A batch gives up after this many channels closed before it could write to them."""
 _LOST = (
@@ -319,8 +321,11 @@ class AsyncPublisher(
         self, underlay: Any, batch: Sequence[Prepared]
     ) -> tuple[list[Outcome], str | None]:
         """Send ``batch`` with up to ``window`` messages unconfirmed, writing a chunk of
-        frames at once (:mod:`.aiormq_private`) whenever a chunk's room is free, each
-        message with its own confirm, return or nack as from aiormq's own publish.
+        frames at once (:mod:`.aiormq_private`) whenever ``_REFILL`` messages' room is
+        free, each message with its own confirm, return or nack as from aiormq's own
+        publish. Waiting for a chunk's room (a quarter of the window) kept about 7/8 of
+        the window in flight: 0.87 x raw pika's rate, whose pipelining refills on every
+        confirm, when the broker's round trip set the pace.
 
         Returns the outcomes of the messages written, in order, and why sending stopped
         before the end (no confirm in time), if it did. When the channel closes, the
@@ -330,6 +335,7 @@ class AsyncPublisher(
         """
         timeout, window = self.settings.confirm_timeout, self._window
         step = max(1, min(_CHUNK, window // 4))
+        refill = min(_REFILL, step)
         book = aiormq_private.Confirms(underlay)
         route = self.core.route
         sent = 0
@@ -337,11 +343,12 @@ class AsyncPublisher(
         lost: BaseException | None = None
         try:
             while sent < len(batch) and book.closed is None:
-                wanted = min(step, len(batch) - sent)
-                if window - book.outstanding < wanted:
-                    if not await book.wait(window - wanted, timeout):
+                left, free = len(batch) - sent, window - book.outstanding
+                if free < min(refill, left):
+                    if not await book.wait(window - min(refill, left), timeout):
                         break
                     continue
+                wanted = min(step, free, left)
                 chunk = batch[sent : sent + wanted]
                 if not await aiormq_private.write_window(underlay, book, chunk, route):
                     break

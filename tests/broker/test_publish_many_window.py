@@ -163,3 +163,36 @@ async def test_a_channel_closed_mid_batch_fails_what_it_held_and_sends_the_rest(
     for tier in tiers:
         channel.exchange_delete(tier)
     connection.close()
+
+
+async def test_the_async_window_is_refilled_as_confirms_free_room_never_overfilled(
+    amqp_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sliding window of 256 (on aiormq's books, the default path): never more than 256
+    unconfirmed, and a write as soon as a little room is free, not only once a quarter of
+    the window is (a pipelining client keeps it nearly full)."""
+    from rmqdelay.amqp import aio_publisher, aiormq_private
+
+    writes: list[tuple[int, int]] = []  # (unconfirmed before the write, messages written)
+    write = aiormq_private.write_window
+
+    async def counted(underlay: Any, book: Any, chunk: Any, route: Any) -> bool:
+        writes.append((book.outstanding, len(chunk)))
+        return await write(underlay, book, chunk, route)
+
+    monkeypatch.setattr(aiormq_private, "write_window", counted)
+    settings = _queues(amqp_url, prefix)
+    window, count = 256, 4096  # chunks of a quarter, the last one too
+    async with AsyncPublisher(settings, window=window) as publisher:
+        results = await publisher.publish_many(
+            [{"destination": "ok", "body": b"x", "delay": 0} for _ in range(count)]
+        )
+    assert len(results) == count
+    assert sum(n for _before, n in writes) == count
+    assert all(before + n <= window for before, n in writes), writes
+    step = window // 4
+    assert any(before > window - step for before, n in writes), (
+        f"every write waited for a quarter of the window: {writes[:20]}"
+    )
+    assert step > aio_publisher._REFILL  # the case this test is about
+    assert len(_drain(amqp_url, work_queue(settings, "ok"))) == count
