@@ -21,7 +21,12 @@
   adds at most 20 ms to p99 lateness. A third side each round, ``relay``, is its floor:
   the bridge's two extra quorum queue hops done by bare clients, no delay
   (:mod:`bench.peers.relay`); each side's own processes' CPU per message is kept (the
-  bridges', the relay's). ``--breakdown``: the bridges log each message (JSON), and the
+  bridges', the relay's). A fourth, ``bare``, is the floor of the target itself: the
+  bridge's whole path done by bare aio-pika clients (a relay process plans each message
+  into the tiers from its arrival with rmqdelay's ``plan_delay`` and acks it once
+  confirmed, a second moves it from the work queue to a quorum queue; no journal, no
+  envelope): what it adds to the direct path's lateness, any bridge of this design adds
+  at least. ``--breakdown``: the bridges log each message (JSON), and the
   bridge's lateness is split into the inbox hop, the tiers up to stage 2's handler, and
   the way out to the consumer (:func:`breakdown`).
 
@@ -48,7 +53,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -75,7 +80,7 @@ from bench.common import (
 from bench.measures import LONG, sync_many
 from bench.peers._amqp import AmqpPeer, make_message
 from bench.peers.base import Item, run_windowed, unique_prefix
-from bench.peers.relay import RelayPeer
+from bench.peers.relay import RelayPeer, start_relay, stop_relay
 from bench.peers.rmqdelay_peer import RmqdelayPeer
 from bench.scenarios_peers import Sizes, steady_run
 from rmqdelay import Settings, TopologyManager
@@ -85,6 +90,8 @@ CLI = (sys.executable, "-m", "rmqdelay.cli")
 BRIDGES = 2
 WINDOW = 500
 DEST = "bench"
+BARE = "bare"
+"""The bare bridge's destination (:class:`BareBridgePeer`)."""
 LONG_MS = (600_000, 3_600_000)
 _SCHEDULED = re.compile(r'^rmqdelay_bridge_messages_total\{[^}]*outcome="scheduled"[^}]*\} (\S+)$')
 
@@ -239,7 +246,7 @@ class Topology:
     def declare(self) -> None:
         self.declared = True
         with TopologyManager(self.settings) as manager:
-            manager.apply([DEST])
+            manager.apply([DEST, BARE])
         done = subprocess.run(
             [*CLI, "bridge", "declare", "--exchange", self.exchange, "--type", "direct"],
             env=self.env,
@@ -256,7 +263,7 @@ class Topology:
         if not self.declared:
             return
         with contextlib.suppress(Exception), TopologyManager(self.settings) as manager:
-            manager.destroy([DEST, self.destination], force=True)
+            manager.destroy([DEST, BARE, self.destination], force=True)
         connection = pika.BlockingConnection(pika.URLParameters(self.url))
         try:
             channel = connection.channel()
@@ -357,6 +364,26 @@ def carry(topology: Topology, count: int, rounds: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------- lateness
 
 
+async def publish_x_delay(
+    peer: AmqpPeer, exchange: AbstractExchange, routing_key: str, batch: Sequence[Item]
+) -> None:
+    """As a plugin user's publisher does: the delay in ``x-delay``, confirmed, windowed."""
+
+    async def send(item: Item) -> None:
+        message_id, delay_ms = item
+        published = now_ms()
+        message = make_message(
+            message_id,
+            published,
+            published + delay_ms,
+            peer.body,
+            extra_headers={"x-delay": delay_ms},
+        )
+        await exchange.publish(message, routing_key=routing_key)
+
+    await run_windowed(send, batch, peer.window)
+
+
 class BridgePeer(AmqpPeer):
     """A plugin user's publisher (aio-pika, x-delay header) and consumer (a quorum queue
     bound to the delivery exchange), with the bridges in between."""
@@ -416,23 +443,8 @@ class BridgePeer(AmqpPeer):
         await self._consume(queue)
 
     async def publish(self, batch: Sequence[Item]) -> None:
-        async def send(item: Item) -> None:
-            message_id, delay_ms = item
-            published = now_ms()
-            message = make_message(
-                message_id,
-                published,
-                published + delay_ms,
-                self.body,
-                extra_headers={"x-delay": delay_ms},
-            )
-            assert self._exchange is not None, "setup() first"
-            await self._exchange.publish(message, routing_key="k")
-
-        await run_windowed(send, batch, self.window)
-
-    async def drain(self, expected_ids: Collection[str], timeout: float) -> list[Record]:
-        return await self.arrivals.wait_for(expected_ids, timeout)
+        assert self._exchange is not None, "setup() first"
+        await publish_x_delay(self, self._exchange, "k", batch)
 
     def pids(self) -> list[int]:
         """The bridge processes and their children (stage 1's process, by default)."""
@@ -443,6 +455,48 @@ class BridgePeer(AmqpPeer):
         if self._bridges is not None:
             await asyncio.to_thread(self._bridges.close)
             self._bridges = None
+        await super().teardown()
+
+
+class BareBridgePeer(AmqpPeer):
+    """The bridge's path done by bare aio-pika clients: the same work without rmqdelay's
+    code, the floor of what any bridge of this design adds (see :func:`lateness`)."""
+
+    slug = "bare"
+
+    def __init__(self, topology: Topology, **kwargs: Any) -> None:
+        self.topology = topology
+        super().__init__(topology.url, **kwargs)
+        self.name = "bare"
+        self.description = (
+            "the bridge's path by bare aio-pika clients: publish with x-delay (confirms) into "
+            "a quorum queue; a relay process plans each message into the tiers from its "
+            "arrival (rmqdelay's plan_delay, no journal record) and acks it once confirmed; "
+            "a second one moves it from the work queue to a quorum queue, read here"
+        )
+        self.inbox = f"{self.prefix}.in"
+        self.outbox = f"{self.prefix}.out"
+        self._relays: list[subprocess.Popen[str]] = []
+
+    async def _declare(self) -> None:
+        t = self.topology
+        for name in (self.inbox, self.outbox):
+            await self._declare_queue(name, {"x-queue-type": "quorum"})
+        work = t.settings.layout.work_queue(BARE)
+        self._relays.append(await start_relay(self.url, self.inbox, BARE, "--tiers", t.prefix))
+        self._relays.append(await start_relay(self.url, work, self.outbox))
+        await self._consume(self.outbox)
+
+    async def publish(self, batch: Sequence[Item]) -> None:
+        await publish_x_delay(self, self.pub.default_exchange, self.inbox, batch)
+
+    def pids(self) -> list[int]:
+        return [relay.pid for relay in self._relays]
+
+    async def teardown(self) -> None:
+        relays, self._relays = self._relays, []
+        for relay in relays:
+            await stop_relay(relay)
         await super().teardown()
 
 
@@ -502,7 +556,7 @@ def breakdown(records: Sequence[Record], handled: dict[str, tuple[float, float]]
     return out
 
 
-SIDES = ("direct", "bridge", "relay")
+SIDES = ("direct", "bridge", "relay", "bare")
 VARIANT = "variant"
 """The optional fourth side: the bridge with other arguments or another tree's code."""
 SHARED = ("broker_us_per_msg", "bench_us_per_msg", "machine_us_per_msg", "machine_busy_percent")
@@ -580,6 +634,7 @@ async def lateness(
         "direct": RmqdelayPeer(topology.url, worker="aiopika", label="direct"),
         "bridge": BridgePeer(topology, count, logs, extra),
         "relay": RelayPeer(topology.url),
+        "bare": BareBridgePeer(topology),
     }
     if variant is not None:
         peers[VARIANT] = BridgePeer(variant.topology, count, None, [*extra, *variant.args])
@@ -663,6 +718,10 @@ async def lateness(
         # what the bridge adds beyond its two hops done by bare clients
         beyond = [a - r["relay"]["stats"][f"{q}_ms"] for a, r in zip(added, runs, strict=True)]
         out[f"beyond_relay_{q}_ms"] = statistics.median(beyond)
+        # what its whole path done by bare clients adds: the floor of the target
+        bare = [r["bare"]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
+        out[f"bare_added_{q}_ms"] = statistics.median(bare)
+        out[f"bare_added_{q}_ms_runs"] = bare
     if variant is not None:  # the variant against the bridge, round by round
         out["variant_setup"] = {
             "root": str(variant.root) if variant.root else None,
@@ -755,10 +814,21 @@ def report(result: dict[str, Any]) -> str:
             f"{lt['beyond_relay_p50_ms']:.0f} ms at p50 and {lt['beyond_relay_p99_ms']:.0f} ms "
             "at p99 beyond them"
         )
+        bare = lt.get("bare")
+        if bare is not None:
+            lines.append(
+                f"its whole path by bare clients (bare: two relays, into the tiers and out), "
+                f"p50 / p99 / max ms: {bare['p50_ms']:.0f} / {bare['p99_ms']:.0f} / "
+                f"{bare['max_ms']:.0f}; they add {lt['bare_added_p50_ms']:.0f} ms at p50 and "
+                f"{lt['bare_added_p99_ms']:.0f} ms at p99 to the direct path's (by round: "
+                f"{lt['bare_added_p99_ms_runs']}); early {bare['early']}, missing "
+                f"{bare['missing']}"
+            )
         if "cpu_us_per_msg" in b and "cpu_us_per_msg" in r:
             lines.append(
                 f"client CPU per message: the bridge processes {b['cpu_us_per_msg']:.0f} us, "
                 f"the relay {r['cpu_us_per_msg']:.0f} us"
+                + (f", the bare path's two relays {bare['cpu_us_per_msg']:.0f} us" if bare else "")
             )
         for name in (*SIDES, VARIANT):
             side = lt.get(name)

@@ -19,13 +19,16 @@ import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from bench.peers._amqp import AmqpPeer, queue_args
 from bench.peers.base import Item
+from rmqdelay import Settings, plan_delay
 
 READY = "ready"
 """What the relay process prints once it consumes."""
@@ -51,16 +54,7 @@ class RelayPeer(AmqpPeer):
     async def _declare(self) -> None:
         for name in (self.inbox, self.outbox):
             await self._declare_queue(name, queue_args(self.queue_type))
-        self._relay = subprocess.Popen(
-            [sys.executable, "-m", "bench.peers.relay", self.url, self.inbox, self.outbox],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self._relay.stdout is not None
-        line = await asyncio.to_thread(self._relay.stdout.readline)
-        if line.strip() != READY:
-            raise RuntimeError(f"the relay process did not start (it said {line!r})")
+        self._relay = await start_relay(self.url, self.inbox, self.outbox)
         await self._consume(self.outbox)
 
     def pids(self) -> list[int]:
@@ -72,38 +66,92 @@ class RelayPeer(AmqpPeer):
 
     async def teardown(self) -> None:
         relay, self._relay = self._relay, None
-        if relay is not None and relay.poll() is None:
-            relay.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.to_thread(relay.wait, 20)
-            except subprocess.TimeoutExpired:
-                relay.kill()
-                await asyncio.to_thread(relay.wait)
+        if relay is not None:
+            await stop_relay(relay)
         await super().teardown()
 
 
-async def relay(url: str, inbox: str, outbox: str, prefetch: int = 1000) -> None:
-    """Move every message from ``inbox`` to ``outbox`` until SIGTERM: ack after the confirm."""
+async def start_relay(url: str, *args: str) -> subprocess.Popen[str]:
+    """``python -m bench.peers.relay URL *args``, once it consumes."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.peers.relay", url, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    line = await asyncio.to_thread(process.stdout.readline)
+    if line.strip() != READY:
+        await stop_relay(process)
+        raise RuntimeError(f"the relay process did not start (it said {line!r})")
+    return process
+
+
+async def stop_relay(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+
+
+Route = Callable[[dict[str, Any], int], tuple[str, str]]
+"""(the message's headers, edited in place; when it arrived, µs) -> (exchange, routing key)."""
+
+
+def to_queue(outbox: str) -> Route:
+    """Straight to ``outbox``, through the default exchange."""
+    return lambda _headers, _arrived_us: ("", outbox)
+
+
+def into_tiers(prefix: str, destination: str) -> Route:
+    """Into the tiers of ``prefix`` towards ``destination``, as stage 1 of the x-delay
+    bridge sends it: due ``x-delay`` ms after it arrived, planned with rmqdelay's public
+    ``plan_delay`` and the headers of docs/protocol.md (no journal record)."""
+    layout = Settings(prefix=prefix).layout
+
+    def route(headers: dict[str, Any], arrived_us: int) -> tuple[str, str]:
+        due_us = arrived_us + int(headers.pop("x-delay", 0)) * 1000
+        plan = plan_delay(layout, due_us - time.time_ns() // 1000, destination)
+        headers["rmqdelay-due-at"] = -(-due_us // 1000)
+        headers["rmqdelay-destination"] = destination
+        headers["rmqdelay-attempt"] = 1
+        return plan.exchange, plan.publish_key
+
+    return route
+
+
+async def relay(url: str, inbox: str, route: Route, prefetch: int = 1000) -> None:
+    """Move every message from ``inbox`` where ``route`` says until SIGTERM: ack after
+    the confirm."""
     connection = await aio_pika.connect(url)
     try:
         publishing = await connection.channel(publisher_confirms=True, on_return_raises=True)
         consuming = await connection.channel()
         await consuming.set_qos(prefetch_count=prefetch)
         queue = await consuming.get_queue(inbox, ensure=False)
+        exchanges: dict[str, AbstractExchange] = {"": publishing.default_exchange}
         tasks: set[asyncio.Task[None]] = set()
 
-        async def move(message: AbstractIncomingMessage) -> None:
+        async def move(message: AbstractIncomingMessage, arrived_us: int) -> None:
+            headers = dict(message.headers or {})
+            name, key = route(headers, arrived_us)
+            exchange = exchanges.get(name)
+            if exchange is None:
+                exchange = exchanges[name] = await publishing.get_exchange(name, ensure=False)
             copy = aio_pika.Message(
                 message.body,
-                headers=dict(message.headers or {}),
+                headers=headers,
                 message_id=message.message_id,
                 delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             )
-            await publishing.default_exchange.publish(copy, routing_key=outbox, mandatory=True)
+            await exchange.publish(copy, routing_key=key, mandatory=True)
             await message.ack()
 
         async def on_message(message: AbstractIncomingMessage) -> None:
-            task = asyncio.create_task(move(message))
+            task = asyncio.create_task(move(message, time.time_ns() // 1000))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -117,12 +165,19 @@ async def relay(url: str, inbox: str, outbox: str, prefetch: int = 1000) -> None
             await asyncio.wait_for(connection.close(), 10)
 
 
+USAGE = "usage: python -m bench.peers.relay URL IN OUT [--tiers PREFIX] (OUT: a destination)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 3:
-        print("usage: python -m bench.peers.relay URL IN OUT", file=sys.stderr)
+    if len(args) == 5 and args[3] == "--tiers":
+        route = into_tiers(args[4], args[2])
+    elif len(args) == 3:
+        route = to_queue(args[2])
+    else:
+        print(USAGE, file=sys.stderr)
         return 2
-    asyncio.run(relay(args[0], args[1], args[2]))
+    asyncio.run(relay(args[0], args[1], route))
     return 0
 
 
