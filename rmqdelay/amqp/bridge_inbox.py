@@ -28,7 +28,15 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from ..core.bridge import CONTENT_TYPE, PROPERTY_NAMES, BridgeNames, Carried, carry, read_delay
+from ..core.bridge import (
+    CONTENT_TYPE,
+    PROPERTY_NAMES,
+    BridgeNames,
+    Carried,
+    Inbound,
+    carry,
+    read_delay,
+)
 from ..core.clock import now_ms, now_us, us_of_ms
 from ..core.messages import amqp_properties
 from ..core.parking import parked_headers
@@ -70,8 +78,8 @@ PAUSE_S = 1.0
 _VALIDATION = (InvalidMessageError, DelayError)
 """What publish_many raises before sending anything, for one request that cannot go."""
 
-Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes, int]
-"""A delivery and when it arrived (µs): its delay counts from there."""
+Delivery = tuple[pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes, int, Inbound]
+"""A delivery, when it arrived (µs: its delay counts from there) and its ``x-delay`` read."""
 Counter = Callable[[str, int], None]
 Settle = Literal["ack", "requeue", "settled"]
 """How one inbox message is settled: ack it, give it back, or nothing (done already)."""
@@ -231,8 +239,9 @@ class InboxCarrier:
         body: bytes,
     ) -> None:
         received = now_us()
-        self._pending.append((method, props, body, received))
-        delay_ms = read_delay(props.headers, self.settings.layout.max_delay_ms).delay_ms
+        inbound = read_delay(props.headers, self.settings.layout.max_delay_ms)
+        self._pending.append((method, props, body, received, inbound))
+        delay_ms = inbound.delay_ms
         linger = LINGER_US if delay_ms is None else min(LINGER_US, us_of_ms(delay_ms) - MARGIN_US)
         go = received + max(0, linger)
         if self._go_us is None or go < self._go_us:
@@ -251,8 +260,9 @@ class InboxCarrier:
                 _properties(props),
                 body,
                 received_us=received,
+                inbound=inbound,
             )
-            for method, props, body, received in batch
+            for method, props, body, received, inbound in batch
         ]
         done: list[Settle] = ["requeue"] * len(items)
         scheduled = [i for i, c in enumerate(items) if c.request is not None]

@@ -433,6 +433,7 @@ def carry(
     body: bytes,
     *,
     received_us: int | None = None,
+    inbound: Inbound | None = None,
 ) -> Carried:
     """What stage 1 does with one message delivered from the inbox (``properties`` under
     :data:`PROPERTY_NAMES`, plus ``headers``): read its ``x-delay``, give it an id if it
@@ -441,11 +442,13 @@ def carry(
 
     ``received_us``: when the delivery arrived. The delay counts from there (the due time
     is ``at=`` it plus ``x-delay``), not from when its batch is sent: a message that
-    waited for the batch before it is not late by that wait.
+    waited for the batch before it is not late by that wait. ``inbound``: what
+    :func:`read_delay` made of its headers, when the caller read them already.
     """
     given = properties.get("message_id")
     message_id = given if isinstance(given, str) and given else new_message_id()
-    inbound = read_delay(properties.get("headers"), max_delay_ms)
+    if inbound is None:
+        inbound = read_delay(properties.get("headers"), max_delay_ms)
     try:
         wrapped = wrap(exchange, routing_key, properties, message_id, body)
     except InvalidMessageError as exc:

@@ -342,6 +342,19 @@ def test_carry_makes_the_usual_request_or_a_reason_to_park() -> None:
     assert broken.reason.startswith("cannot be carried: headers['k']")
 
 
+def test_carry_takes_the_delay_its_caller_read_already() -> None:
+    """Stage 1 reads each x-delay as the delivery arrives (its batch's linger depends on
+    it): carry uses that reading, not a second one."""
+    headers = {X_DELAY: 1500}
+    read = read_delay(headers, MAX)
+    assert carry("bridge.ex", MAX, "ex", "k", {"headers": headers}, b"b", inbound=read).request
+    other = carry("bridge.ex", MAX, "ex", "k", {"headers": headers}, b"b", inbound=Inbound(250))
+    assert other.request is not None and other.request["delay"].total_seconds() == 0.25
+    parked = Inbound(None, "told so")
+    told = carry("bridge.ex", MAX, "ex", "k", {"headers": headers}, b"b", inbound=parked)
+    assert told.request is None and told.reason == "told so"
+
+
 @pytest.mark.parametrize(
     ("data", "words"),
     [
