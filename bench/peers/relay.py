@@ -10,6 +10,10 @@ takes each message, publishes it confirmed and mandatory to a quorum queue ``out
 acks it; this process reads ``out``. No tiers, no delay: ``due = published``, so its
 "lateness" is the two hops' transit, what any bridge with an inbox queue and a delivery
 exchange must add on top of the direct path's lateness.
+
+``python -m bench.peers.relay URL IN DESTINATION --tiers PREFIX`` is the other relay of
+:class:`bench.bridge.BareBridgePeer`: it sends each message into the tiers instead, due
+its ``x-delay`` after it arrived (:func:`into_tiers`), as the bridge's stage 1 does.
 """
 
 from __future__ import annotations
