@@ -59,7 +59,7 @@ from .reschedule import RescheduleResult, plan_reschedule
 from .routing import validate_destination
 from .steps import CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
-from .view_follow import ViewFollower, read_on
+from .view_follow import ViewFollower, read_on, view_follower
 from .wire import encode_properties
 
 __all__ = ["KEY_MAX_CHARS", "PublisherCore", "check_key"]
@@ -427,9 +427,10 @@ class PublisherCore:
         in the journal raises, saying how to keep bodies."""
         start = clock.now_us()
         new_due_ms = ms_of_us(start + self._delay_us(delay, at, start))
-        # the fold kept from the last call, read on to the journal's end (.view_follow)
-        follower = yield from read_on(self.layout, self._view_follower, timeout=timeout)
-        self._view_follower = follower
+        # the fold kept from the last call, read on to the journal's end (.view_follow);
+        # kept before the read, so that concurrent calls read into the same one
+        follower = self._view_follower = view_follower(self.layout, self._view_follower)
+        yield from read_on(self.layout, follower, timeout=timeout)
         view = follower.view
         plan = plan_reschedule(view, target, new_due_ms, clock.now_ms())
         if plan.result.outcome == "needs body":

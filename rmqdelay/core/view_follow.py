@@ -25,7 +25,7 @@ from .journal_steps import Follow
 from .layout import Layout
 from .steps import Flow
 
-__all__ = ["ViewFollower", "read_on"]
+__all__ = ["ViewFollower", "read_on", "view_follower"]
 
 VIEW_READER = "view"
 """The Follow steps' reader: a consumer of its own, apart from the keyed publishes'."""
@@ -59,19 +59,27 @@ class ViewFollower:
                 self.seen.add(record.message_id)
 
 
+def view_follower(
+    layout: Layout, follower: ViewFollower | None, clock: Clock = now_ms
+) -> ViewFollower:
+    """``follower`` to read on, or a new one when there is none or it is older than
+    ``max_delay``. Concurrent calls (asyncio) must share the one this returns before
+    they read: each feeds every reader's markers into it (:func:`read_on`)."""
+    now = clock()
+    if follower is None or now - follower.started_ms > layout.max_delay_ms:
+        follower = ViewFollower(started_ms=now)
+    return follower
+
+
 def read_on(
     layout: Layout,
-    follower: ViewFollower | None,
+    follower: ViewFollower,
     *,
     timeout: float,
     clock: Clock = now_ms,
 ) -> Flow[ViewFollower]:
-    """The follower read to the journal's end (a marker of its own, appended now):
-    ``follower`` read on, or a new one when there is none or it is older than
-    ``max_delay``."""
+    """The follower read on to the journal's end (a marker of its own, appended now)."""
     now = clock()
-    if follower is None or now - follower.started_ms > layout.max_delay_ms:
-        follower = ViewFollower(started_ms=now)
     record = new_marker(now)
     marker = record.message_id
     follower.expected.add(marker)
