@@ -9,9 +9,13 @@ The tests share the module's delay topology; each declares a bridge of its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -310,16 +314,12 @@ async def test_the_inbox_process_names_a_missing_inbox_and_stops_when_told(
 # ---------------------------------------------------------------- stage 1's wait
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["pika-private", "pika-public"])
-def test_an_idle_inbox_takes_a_message_as_it_comes_not_at_the_end_of_its_wait(
+@contextlib.contextmanager
+def _stage_one(
     case: BridgeCase, fast: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With nothing in hand, stage 1 waits for the first message, and is done waiting
-    once it comes (its batch then lingers LINGER_US for others): an ``x-delay`` of 0 is
-    not held for the rest of the idle wait, on pika's private path or its public one."""
-    import threading
-    import time
-
+) -> Iterator[tuple[Any, Any]]:
+    """An opened stage 1 (the carrier, and its connection) on pika's private path or its
+    public one, stopped and closed after the block."""
     from rmqdelay.amqp import bridge_inbox, pika_private
 
     monkeypatch.setattr(pika_private, "FAST", fast)
@@ -328,20 +328,30 @@ def test_an_idle_inbox_takes_a_message_as_it_comes_not_at_the_end_of_its_wait(
     carrier.open()
     try:
         assert carrier._fast is fast
+        assert carrier._connection is not None
+        yield carrier, carrier._connection
+    finally:
+        carrier.stop()
+        if carrier._connection is not None:
+            carrier._connection.close()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["pika-private", "pika-public"])
+def test_an_idle_inbox_takes_a_message_as_it_comes_not_at_the_end_of_its_wait(
+    case: BridgeCase, fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing in hand, stage 1 waits for the first message, and is done waiting
+    once it comes (its batch then lingers LINGER_US for others): an ``x-delay`` of 0 is
+    not held for the rest of the idle wait, on pika's private path or its public one."""
+    with _stage_one(case, fast, monkeypatch) as (carrier, connection):
         carrier.idle_s = 60.0  # the whole wait, were the message not to end it
         threading.Timer(0.5, case.publish, ("k", b"now", 0)).start()
         started = time.monotonic()
-        connection = carrier._connection
-        assert connection is not None
         while not carrier._pending and time.monotonic() - started < 60:
             carrier._wait(connection)
         waited = time.monotonic() - started
         assert len(carrier._pending) == 1
         assert waited < 20, f"the first message ended the wait after {waited:.1f} s"
-    finally:
-        carrier.stop()
-        if carrier._connection is not None:
-            carrier._connection.close()
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["pika-private", "pika-public"])
@@ -351,19 +361,10 @@ def test_a_batch_lingers_no_longer_than_its_shortest_delay_allows(
     """A batch in hand waits ``LINGER_US`` for others, unless a message with a shorter
     delay comes: an ``x-delay`` of 0 ends the linger at once, though the first message
     of the batch could have waited a minute."""
-    import threading
-    import time
+    from rmqdelay.amqp import bridge_inbox
 
-    from rmqdelay.amqp import bridge_inbox, pika_private
-
-    monkeypatch.setattr(pika_private, "FAST", fast)
     monkeypatch.setattr(bridge_inbox, "LINGER_US", 60_000_000)
-    case.declare("topic")
-    carrier = bridge_inbox.InboxCarrier(case.settings, case.names)
-    carrier.open()
-    try:
-        connection = carrier._connection
-        assert connection is not None
+    with _stage_one(case, fast, monkeypatch) as (carrier, connection):
         case.publish("k", b"later", 3_600_000)
         started = time.monotonic()
         while not carrier._pending and time.monotonic() - started < 30:
@@ -378,7 +379,3 @@ def test_a_batch_lingers_no_longer_than_its_shortest_delay_allows(
         waited = time.monotonic() - started
         assert len(carrier._pending) == 2
         assert waited < 20, f"the x-delay 0 message ended the linger after {waited:.1f} s"
-    finally:
-        carrier.stop()
-        if carrier._connection is not None:
-            carrier._connection.close()
