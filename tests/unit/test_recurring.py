@@ -369,7 +369,10 @@ def test_the_calls_on_the_in_memory_publisher() -> None:
     from rmqdelay.settings import Settings
     from rmqdelay.testing import AsyncInMemoryPublisher, InMemoryPublisher
 
-    settings = Settings(prefix="recur-mem", max_delay="2d")
+    # 3 days: "tomorrow at 08:59 UTC" then 09:00 in Berlin is up to 2 days 8 hours away
+    # (after midnight UTC, in winter), which a max_delay of 2 days refused between 00:00
+    # and 08:00 UTC; a weekly rule (7 days) is still over it
+    settings = Settings(prefix="recur-mem", max_delay="3d")
     with InMemoryPublisher(settings) as publisher:
         added = publisher.add_recurring("poll", "jobs", b"poll", every="15m", headers={"a": "1"})
         assert added.outcome == "added" and added.next_ms is not None
