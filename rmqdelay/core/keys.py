@@ -11,7 +11,9 @@ Every reader (publishers answering a keyed publish, workers before a handler run
 depends on the records alone (the writer's ``recorded_at_ms``, never the reader's
 clock), so they all agree. A worker takes a winner's copy with a ``claimed`` record
 and handles it only when its own claim is the first for that copy; ``done`` after the
-handler succeeded makes any later copy of the generation a duplicate. A
+handler succeeded makes any later copy of the generation a duplicate. A redelivered
+copy takes over a claim whose claimer never wrote ``done`` (it may have died), unless
+that claim's copy is being handled in the same worker. A
 ``rescheduled`` record moves an id's copies to a new due time: a worker receiving an
 older copy drops it (the rescheduler published a fresh copy) or forwards it.
 
@@ -25,7 +27,7 @@ that restarts from a timestamp does, changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -273,9 +275,11 @@ class KeyBook:
         redelivered: bool,
         now_ms: int,
         claim_id: str = "",
+        held_here: Container[str] = (),
     ) -> Verdict:
         """What a worker does with this delivery; ``claim_id`` is the claim it wrote for
-        it and read back, if it did.
+        it and read back, if it did; ``held_here`` the claims whose copy this worker is
+        handling now (a redelivered copy waits for them: its claimer is alive).
 
         An unkeyed delivery is only ever moved (``forward`` or ``drop``) or handled.
         """
@@ -306,6 +310,10 @@ class KeyBook:
         if claim_id and claim[1] == claim_id:
             return Verdict("handle", "", entry)
         if redelivered:
+            if claim[1] in held_here:
+                # Another copy of this generation (a duplicate publish) claimed it in
+                # this worker and its handler runs: its done record, or its failure, decides.
+                return Verdict("wait", "claimed here", entry)
             return Verdict("handle", "taken over", entry)  # its claimer may have died
         return Verdict("drop", "claimed elsewhere", entry)
 

@@ -9,7 +9,10 @@ book's verdict for the delivery:
   back, and ask again: the first claim in the journal's order wins, in every worker;
 - ``handle``: this worker's claim came first (or the copy was redelivered and its
   claimer never wrote ``done``: taken over, at least once); after the handler returned,
-  a ``done`` record is appended and confirmed, then the message is acked;
+  a ``done`` record is appended and confirmed, then the message is acked. While the
+  handler runs, and until its ``done`` is read back, a redelivered copy of the same
+  generation (a duplicate publish, as a recurring chain's restarted worker makes)
+  waits here instead of taking the claim over;
 - ``drop``: acked unhandled, counted in ``rmqdelay_key_drops_total`` by reason;
 - ``forward``: an old copy of a message rescheduled later: published again due at the
   new time (confirmed), then acked;
@@ -29,6 +32,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Literal
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
@@ -79,6 +83,8 @@ class KeyFilter(WorkerHook):
         """Set by the next record read, for deliveries waiting for theirs."""
         self._since_ms = 0
         """Where the tail began reading: records before it were never read."""
+        self._here: dict[str, _Held] = {}
+        """Claims whose copy this worker handles, by claim id (see :meth:`_held_here`)."""
         cancels.follow(self)
         book = self.book
         KEYS_PENDING.set_function(lambda: book.pending_keys(now_ms()))
@@ -139,14 +145,37 @@ class KeyFilter(WorkerHook):
         return self._keyed(delivery, str(key))
 
     def _verdict(self, delivery: Delivery, key: str | None, claim_id: str) -> Verdict:
+        redelivered = delivery.redelivered
         return self.book.verdict(
             delivery.message_id,
             delivery.due_ms,
             key,
-            redelivered=delivery.redelivered,
+            redelivered=redelivered,
             now_ms=now_ms(),
             claim_id=claim_id,
+            held_here=self._held_here() if redelivered and key is not None else (),
         )
+
+    def _held_here(self) -> dict[str, _Held]:
+        """The claims this worker holds: its handler runs, or it returned and its ``done``
+        (written) may not be read back yet (for at most the confirm timeout)."""
+        here = self._here
+        if here:
+            now = asyncio.get_running_loop().time()
+            for claim_id, held in list(here.items()):
+                if held.task.done() and (held.done_at is None or now - held.done_at > self.timeout):
+                    del here[claim_id]
+        return here
+
+    def _hold(self, verdict: Verdict, copy_ms: int) -> str:
+        """Note the claim this handling holds; its id (empty when there is none)."""
+        generation = verdict.generation
+        claim = generation.claims.get(copy_ms) if generation is not None else None
+        task = asyncio.current_task()
+        if claim is None or task is None:
+            return ""
+        self._held_here()[claim[1]] = _Held(task)
+        return claim[1]
 
     async def _keyed(self, delivery: Delivery, key: str) -> Admission:
         claim_id = ""
@@ -155,7 +184,8 @@ class KeyFilter(WorkerHook):
             verdict = self._verdict(delivery, key, claim_id)
             if verdict.action == "handle":
                 copy_ms = self._copy_ms(delivery, verdict)
-                done = functools.partial(self._done, delivery, key, copy_ms)
+                held = self._hold(verdict, copy_ms)
+                done = functools.partial(self._done, delivery, key, copy_ms, held)
                 return Admission("handle", verdict.reason, on_success=(done,))
             if verdict.action == "claim":
                 if claims >= _MAX_CLAIMS:
@@ -240,13 +270,25 @@ class KeyFilter(WorkerHook):
             claim_id=claim_id,
         )
 
-    async def _done(self, delivery: Delivery, key: str, copy_ms: int) -> None:
+    async def _done(self, delivery: Delivery, key: str, copy_ms: int, held: str) -> None:
         """The handler returned: every later copy of this generation is a duplicate."""
         writer = self._writer
         if writer is None:
             raise JournalError("not connected: no done record written")
         record = self._record("done", delivery, key, copy_ms)
         await writer.write([record])
+        holding = self._here.get(held)
+        if holding is not None:
+            holding.done_at = asyncio.get_running_loop().time()
+
+
+@dataclass
+class _Held:
+    """A claim this worker holds: the task handling its copy, and when its ``done`` was
+    confirmed (None before)."""
+
+    task: asyncio.Task[object]
+    done_at: float | None = None
 
 
 def _admission(verdict: Verdict) -> Admission:

@@ -166,6 +166,19 @@ def test_the_first_claim_read_wins() -> None:
     assert book.verdict("a", 1000, "k", redelivered=True, now_ms=1000).reason == "duplicate"
 
 
+def test_a_redelivered_copy_waits_for_a_claim_handled_in_its_own_worker() -> None:
+    # two copies of one generation (a duplicate publish): the fresh one claimed it and its
+    # handler runs in this worker, so the redelivered one must not take it over
+    book = KeyBook().extend([keyed("a", 1000, 10), claim("a", 1000, "w1", "c1")])
+    here = book.verdict("a", 1000, "k", redelivered=True, now_ms=1000, held_here={"c1"})
+    assert (here.action, here.reason) == ("wait", "claimed here")
+    other = book.verdict("a", 1000, "k", redelivered=True, now_ms=1000, held_here={"c9"})
+    assert (other.action, other.reason) == ("handle", "taken over")
+    book.add(done("a", 1000))
+    after = book.verdict("a", 1000, "k", redelivered=True, now_ms=1000, held_here={"c1"})
+    assert (after.action, after.reason) == ("drop", "duplicate")
+
+
 def test_a_retry_copy_is_claimed_anew() -> None:
     book = KeyBook().extend(
         [

@@ -98,6 +98,55 @@ def test_a_copy_claimed_elsewhere_is_dropped_unless_redelivered() -> None:
     assert taken is not None and (taken.action, taken.reason) == ("handle", "taken over")
 
 
+def test_a_redelivered_copy_waits_while_this_worker_handles_the_claim() -> None:
+    # copy B (fresh) claims and its handler runs; copy A (redelivered, a duplicate publish
+    # of the same generation) arrives meanwhile: it waits, and is dropped once B's done
+    # is read back, instead of taking the claim over and running the handler twice
+    keys, writer = _filter()
+    due = now_ms()
+    keys.add(_scheduled("a", due, "k"))
+
+    async def both() -> tuple[Admission, Admission]:
+        handler_runs = asyncio.Event()
+        finish = asyncio.Event()
+
+        async def copy_b() -> Admission:
+            admitted = await keys._keyed(_delivery("a", due, "k"), "k")
+            handler_runs.set()
+            await finish.wait()  # the handler runs
+            for step in admitted.on_success:
+                await step()
+            return admitted
+
+        b = asyncio.create_task(copy_b())
+        await handler_runs.wait()
+        a = asyncio.create_task(keys._keyed(_delivery("a", due, "k", redelivered=True), "k"))
+        await asyncio.sleep(0.7)  # more than one of the waiting copy's polls
+        assert not a.done()
+        finish.set()
+        return await b, await a
+
+    b, a = asyncio.run(both())
+    assert (b.action, b.reason) == ("handle", "")
+    assert a == Admission("drop", "duplicate")
+    assert [r.kind for r in writer.written] == ["claimed", "done"]
+
+
+def test_a_redelivered_copy_takes_over_once_the_handling_here_failed() -> None:
+    keys, writer = _filter()
+    due = now_ms()
+    keys.add(_scheduled("a", due, "k"))
+
+    async def fail_then_redeliver() -> Admission:
+        # the handling task ends without its done record (the handler raised)
+        await asyncio.create_task(keys._keyed(_delivery("a", due, "k"), "k"))
+        return await keys._keyed(_delivery("a", due, "k", redelivered=True), "k")
+
+    taken = asyncio.run(fail_then_redeliver())
+    assert (taken.action, taken.reason) == ("handle", "taken over")
+    assert [r.kind for r in writer.written] == ["claimed"]
+
+
 def test_a_claim_not_read_back_in_time_gives_the_message_back() -> None:
     keys, _ = _filter(silent=True, timeout=0.2)
     due = now_ms()
