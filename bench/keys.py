@@ -89,6 +89,7 @@ def from_startup(r: dict[str, Any], params: dict[str, Any]) -> Figures:
 LIST_SHOWN = {
     "raw": "raw read of the stream (pika, from the first offset, to a marker)",
     "raw json": "raw read, and json.loads of every record",
+    "raw list": "raw read, parse, keep the copies, sort those ahead, print JSON lines",
     "table": "rmqdelay scheduled list > file",
     "json": "rmqdelay scheduled list --json",
     "limit": "rmqdelay scheduled list --limit 20",

@@ -10,7 +10,10 @@ peak RSS (``os.wait4``), in alternating rounds after one untimed warm-up round:
 - ``raw``: a pika script (public API only) that appends a marker record to the
   journal, consumes the stream from its first offset with the prefetch and batched acks
   a stream needs, and counts lines until its marker comes back: what reading the
-  journal costs a client before any decoding. ``raw json`` also ``json.loads`` each line.
+  journal costs a client before any decoding. ``raw json`` also ``json.loads`` each line;
+  ``raw list`` does what ``--json`` does, the plain way: it parses each line, keeps each
+  copy (a tombstone removes the copies it names), sorts those still ahead by due time
+  and id, and prints each as a JSON line (``json.dumps``), into a file as the others.
 - ``table``: ``rmqdelay scheduled list`` into a file (not a terminal: plain columns);
 - ``json``: ``rmqdelay scheduled list --json``;
 - ``limit``: ``rmqdelay scheduled list --limit 20`` (soonest first: the whole journal is
@@ -55,7 +58,7 @@ LIMIT = 20
 RAW = """\
 import json, os, sys, time, uuid
 import pika
-decode = sys.argv[2] == "json"
+mode = sys.argv[2]
 marker = "marker-" + str(uuid.uuid4())
 connection = pika.BlockingConnection(pika.URLParameters(os.environ["RMQDELAY_URL"]))
 channel = connection.channel()
@@ -66,6 +69,7 @@ channel.basic_qos(prefetch_count=2000)
 needle = json.dumps(marker).encode()
 lines = 0
 unacked = 0
+copies = {}
 for method, _properties, body in channel.consume(
     sys.argv[1], arguments={"x-stream-offset": "first"}
 ):
@@ -75,13 +79,36 @@ for method, _properties, body in channel.consume(
         unacked = 0
     split = body.split(b"\\n")
     lines += len(split)
-    if decode:
+    if mode == "json":
         for text in split:
             json.loads(text)
+    elif mode == "list":
+        for text in split:
+            record = json.loads(text)
+            if record["k"] == "scheduled":
+                copies[record["id"], record["due"]] = record
+            elif record["k"] == "cancelled":
+                for due in (*record.get("c", ()), record.get("due")):
+                    copies.pop((record["id"], due), None)
     if needle in body:
         break
-print(lines)
 connection.close()
+if mode != "list":
+    print(lines)
+    sys.exit()
+now = int(time.time() * 1000)
+pending = sorted(
+    (r for (_id, due), r in copies.items() if due > now), key=lambda r: (r["due"], r["id"])
+)
+dumps = json.dumps
+sys.stdout.write("".join(
+    dumps(
+        {"message_id": r["id"], "destination": r["d"], "due_at_ms": r["due"],
+         "attempt": r.get("a", 1), "body_size": r.get("n", 0), "headers": r.get("h", {})},
+        separators=(",", ":"),
+    ) + "\\n"
+    for r in pending
+))
 """
 
 
@@ -154,6 +181,7 @@ def commands(python: str, rmqdelay: str, stream: str) -> dict[str, list[str]]:
     return {
         "raw": [python, "-c", RAW, stream, "count"],
         "raw json": [python, "-c", RAW, stream, "json"],
+        "raw list": [python, "-c", RAW, stream, "list"],
         "table": listing,
         "json": [*listing, "--json"],
         "limit": [*listing, "--limit", str(LIMIT)],
@@ -163,7 +191,7 @@ def commands(python: str, rmqdelay: str, stream: str) -> dict[str, list[str]]:
 def check(name: str, out: str, messages: int) -> None:
     """The warm-up round's output is the whole schedule (or its first ``LIMIT``)."""
     lines = out.splitlines()
-    if name == "json":
+    if name in ("json", "raw list"):
         ids = {json.loads(line)["message_id"] for line in lines}
         assert len(lines) == len(ids) == messages, f"--json listed {len(lines)} of {messages}"
     elif name == "table":
