@@ -32,7 +32,6 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Literal
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
@@ -41,7 +40,7 @@ from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.journal import JournalWriter
 from ..core.clock import now_ms
 from ..core.journal import JournalRecord
-from ..core.keys import KeyBook, Verdict
+from ..core.keys import Generation, KeyBook, Verdict
 from ..core.layout import Layout
 from ..core.messages import KEY
 from ..errors import JournalError
@@ -83,8 +82,10 @@ class KeyFilter(WorkerHook):
         """Set by the next record read, for deliveries waiting for theirs."""
         self._since_ms = 0
         """Where the tail began reading: records before it were never read."""
-        self._here: dict[str, _Held] = {}
-        """Claims whose copy this worker handles, by claim id (see :meth:`_held_here`)."""
+        self._here: dict[str, bool] = {}
+        """Claims whose copy this worker handles, by claim id (whether its ``done`` was
+        written): from the ``handle`` verdict until its handling ends without a ``done``,
+        or its ``done`` is read back (a redelivered copy of the claim waits meanwhile)."""
         cancels.follow(self)
         book = self.book
         KEYS_PENDING.set_function(lambda: book.pending_keys(now_ms()))
@@ -97,6 +98,11 @@ class KeyFilter(WorkerHook):
             claimed = self._claims.pop(record.claim_id)
             if not claimed.done():
                 claimed.set_result(None)
+        elif record.kind == "done" and self._here and record.worker == self.me:
+            entry = self.book.by_id.get(record.message_id)
+            claim = entry.claims.get(record.due_at_ms) if isinstance(entry, Generation) else None
+            if claim is not None:
+                self._here.pop(claim[1], None)  # the book says "duplicate" from now on
         heard = self._heard
         if heard is not None:
             self._heard = None
@@ -153,29 +159,25 @@ class KeyFilter(WorkerHook):
             redelivered=redelivered,
             now_ms=now_ms(),
             claim_id=claim_id,
-            held_here=self._held_here() if redelivered and key is not None else (),
+            held_here=self._here if redelivered and key is not None else (),
         )
 
-    def _held_here(self) -> dict[str, _Held]:
-        """The claims this worker holds: its handler runs, or it returned and its ``done``
-        (written) may not be read back yet (for at most the confirm timeout)."""
-        here = self._here
-        if here:
-            now = asyncio.get_running_loop().time()
-            for claim_id, held in list(here.items()):
-                if held.task.done() and (held.done_at is None or now - held.done_at > self.timeout):
-                    del here[claim_id]
-        return here
-
     def _hold(self, verdict: Verdict, copy_ms: int) -> str:
-        """Note the claim this handling holds; its id (empty when there is none)."""
+        """Note the claim this handling (the current task) holds until it ends without a
+        ``done``, or its ``done`` is read back; the claim's id (empty when there is none)."""
         generation = verdict.generation
         claim = generation.claims.get(copy_ms) if generation is not None else None
         task = asyncio.current_task()
         if claim is None or task is None:
             return ""
-        self._held_here()[claim[1]] = _Held(task)
-        return claim[1]
+        held = claim[1]
+        self._here[held] = False
+        task.add_done_callback(lambda _task: self._ended(held))
+        return held
+
+    def _ended(self, held: str) -> None:
+        if self._here.get(held) is False:  # no done written: the claim is free to take over
+            del self._here[held]
 
     async def _keyed(self, delivery: Delivery, key: str) -> Admission:
         claim_id = ""
@@ -277,18 +279,8 @@ class KeyFilter(WorkerHook):
             raise JournalError("not connected: no done record written")
         record = self._record("done", delivery, key, copy_ms)
         await writer.write([record])
-        holding = self._here.get(held)
-        if holding is not None:
-            holding.done_at = asyncio.get_running_loop().time()
-
-
-@dataclass
-class _Held:
-    """A claim this worker holds: the task handling its copy, and when its ``done`` was
-    confirmed (None before)."""
-
-    task: asyncio.Task[object]
-    done_at: float | None = None
+        if held in self._here:  # not read back yet
+            self._here[held] = True
 
 
 def _admission(verdict: Verdict) -> Admission:

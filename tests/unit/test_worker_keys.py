@@ -130,6 +130,7 @@ def test_a_redelivered_copy_waits_while_this_worker_handles_the_claim() -> None:
     assert (b.action, b.reason) == ("handle", "")
     assert a == Admission("drop", "duplicate")
     assert [r.kind for r in writer.written] == ["claimed", "done"]
+    assert keys._here == {}  # released once its done was read back: nothing kept per message
 
 
 def test_a_redelivered_copy_takes_over_once_the_handling_here_failed() -> None:
@@ -145,6 +146,7 @@ def test_a_redelivered_copy_takes_over_once_the_handling_here_failed() -> None:
     taken = asyncio.run(fail_then_redeliver())
     assert (taken.action, taken.reason) == ("handle", "taken over")
     assert [r.kind for r in writer.written] == ["claimed"]
+    assert keys._here == {}  # the handling that took it over ended too
 
 
 def test_a_claim_not_read_back_in_time_gives_the_message_back() -> None:
