@@ -51,6 +51,7 @@ from ..errors import (
 from ..settings import Settings
 from .app import RunOptions, Worker
 from .context import Context
+from .heap import freeze_startup_heap
 from .hooks import WorkerHook
 from .logs import configure_logging
 from .runner import RunningWorker
@@ -500,5 +501,6 @@ def carry_in_process(
         carrier.stop()
 
     threading.Thread(target=listen, name="rmqdelay-bridge-inbox-pipe", daemon=True).start()
+    freeze_startup_heap()
     say("ready")
     carrier.carry_forever(lambda exc: say("lost", repr(exc)))

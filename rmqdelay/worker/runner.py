@@ -22,6 +22,7 @@ from ..core.journal import Tombstones
 from ..errors import WorkerError
 from ..settings import Settings
 from .cancel import CancelFilter
+from .heap import freeze_startup_heap
 from .hooks import Hooks, WorkerHook
 from .keys import KeyFilter, KeysUnseen
 from .logs import LogHook
@@ -159,16 +160,24 @@ class RunningWorker:
     # ------------------------------------------------------------------ main loop
 
     async def run_until_signalled(self) -> int:
-        """:meth:`run`, stopped by SIGTERM or SIGINT (gracefully, then at once)."""
+        """:meth:`run`, stopped by SIGTERM or SIGINT (gracefully, then at once), in a
+        process of its own: once consuming, its start-up heap is frozen
+        (:func:`~.heap.freeze_startup_heap`)."""
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT)
         for sig in signals:
             loop.add_signal_handler(sig, self.signal, sig)
+        freezing = asyncio.create_task(self._freeze_once_consuming())
         try:
             return await self.run()
         finally:
+            freezing.cancel()
             for sig in signals:
                 loop.remove_signal_handler(sig)
+
+    async def _freeze_once_consuming(self) -> None:
+        await self.ready.wait()
+        log.debug("froze %d start-up objects", freeze_startup_heap())
 
     async def run(self) -> int:
         """Consume until :meth:`stop`; return 0 after a graceful stop."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 import urllib.parse
 from collections import Counter
@@ -210,6 +211,57 @@ def test_sigterm_finishes_in_flight_handlers_and_exits_0(
     assert password not in output
     assert "outcome=acked" in output and f"message_id={done[0]}" in output
     assert f"destination={batch}" in output and "attempt=1" in output and "lateness_ms=" in output
+
+
+FREEZE_SCRIPT = """
+import asyncio, gc, sys, time
+from rmqdelay import Settings, Worker
+
+async def handle(body, ctx):
+    pass
+
+async def main():
+    settings = Settings()
+    worker = Worker(settings)
+    worker.add_handler(sys.argv[1], handle)
+    runner = worker.runner(settings)
+
+    async def stop_once_frozen():
+        deadline = time.monotonic() + 20
+        while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        runner.stop()
+
+    before = gc.get_freeze_count()
+    stopper = asyncio.create_task(stop_once_frozen())
+    code = await runner.run_until_signalled()
+    await stopper
+    print(before, gc.get_freeze_count(), code, runner.connects)
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_process_freezes_its_start_up_heap_once_consuming(
+    shared_topology: TestTopology,
+) -> None:
+    """``run_until_signalled`` (``Worker.run``, ``rmqdelay worker``, ``bridge run``)
+    leaves the start-up heap out of later collections (see ``rmqdelay.worker.heap``)."""
+    destination = shared_topology.dest("batch")
+    env = settings_env(shared_topology.settings([destination]))
+    done = subprocess.run(
+        [sys.executable, "-c", FREEZE_SCRIPT, destination],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    before, after, code, connects = map(int, done.stdout.split())
+    assert (before, code, connects) == (0, 0, 1), done.stdout + done.stderr
+    assert after > 1000, done.stdout  # the imports' objects, at least
 
 
 def test_second_signal_stops_at_once_and_returns_the_messages(
