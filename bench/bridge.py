@@ -162,16 +162,19 @@ def bridges(
     logs: Path | None = None,
     extra: Sequence[str] = (),
     cwd: Path | None = None,
+    nice: int = 0,
 ) -> Iterator[Bridges]:
     """``count`` bridge processes; ``metrics``: each serves its counters (and, as
     ``--metrics-port`` does, refreshes the queue gauges every 15 s: a status snapshot
     the lateness runs do without); ``logs``: a directory where each writes its JSON log
-    at INFO (one line per message handled: see :func:`breakdown`)."""
+    at INFO (one line per message handled: see :func:`breakdown`); ``nice``: run under
+    ``nice -n`` (stage 1's process inherits it)."""
     ports = [_free_port() for _ in range(count)] if metrics else []
     procs = []
     with contextlib.ExitStack() as files:
         for n in range(count):
             command = [*CLI, "bridge", "run", "--exchange", exchange, *extra]
+            command = ["nice", "-n", str(nice), *command] if nice else command
             command += ["--metrics-port", str(ports[n])] if metrics else []
             log_file: Any = subprocess.DEVNULL
             if logs is not None:
@@ -396,12 +399,14 @@ class BridgePeer(AmqpPeer):
         count: int = BRIDGES,
         logs: Path | None = None,
         extra: Sequence[str] = (),
+        nice: int = 0,
         **kwargs: Any,
     ) -> None:
         self.topology = topology
         self.count = count
         self.logs = logs
         self.extra = tuple(extra)
+        self.nice = nice
         super().__init__(topology.url, **kwargs)
         self.name = f"bridge-{count}"
         self.description = (
@@ -430,6 +435,7 @@ class BridgePeer(AmqpPeer):
                 logs=self.logs,
                 extra=self.extra,
                 cwd=t.cwd,
+                nice=self.nice,
             )
         )
         work = t.settings.layout.work_queue(t.destination)
@@ -568,11 +574,12 @@ and how busy the machine was meanwhile (100: both cores)."""
 @dataclass
 class Variant:
     """A second bridge side: its own exchange (``topology``), run from ``root``'s tree
-    (this one's when None) with ``args`` added to ``bridge run``."""
+    (this one's when None) with ``args`` added to ``bridge run``, under ``nice -n nice``."""
 
     topology: Topology
     root: Path | None
     args: tuple[str, ...]
+    nice: int = 0
 
 
 def _cpu(pids: Sequence[int]) -> float:
@@ -637,7 +644,9 @@ async def lateness(
         "bare": BareBridgePeer(topology),
     }
     if variant is not None:
-        peers[VARIANT] = BridgePeer(variant.topology, count, None, [*extra, *variant.args])
+        peers[VARIANT] = BridgePeer(
+            variant.topology, count, None, [*extra, *variant.args], nice=variant.nice
+        )
     broker = broker_pid(topology.url)
     runs: list[dict[str, Any]] = []
     bridge_records: list[Sequence[Record]] = []
@@ -726,11 +735,15 @@ async def lateness(
         out["variant_setup"] = {
             "root": str(variant.root) if variant.root else None,
             "args": list(variant.args),
+            "nice": variant.nice,
         }
         for q in ("p50", "p99"):
             diff = [r[VARIANT]["stats"][f"{q}_ms"] - r["bridge"]["stats"][f"{q}_ms"] for r in runs]
             out[f"variant_minus_bridge_{q}_ms"] = statistics.median(diff)
             out[f"variant_minus_bridge_{q}_ms_runs"] = diff
+            added = [r[VARIANT]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
+            out[f"variant_added_{q}_ms"] = statistics.median(added)
+            out[f"variant_added_{q}_ms_runs"] = added
     if with_breakdown:
         out["breakdown_median"] = {
             step: {
@@ -756,9 +769,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "params": {"count": args.count, "rounds": args.rounds, "rate": args.rate},
     }
     variant = None
-    if args.variant_root is not None or args.variant_args:
+    if args.variant_root is not None or args.variant_args or args.variant_nice:
         root = args.variant_root
-        variant = Variant(Topology(args.url, root), root, tuple(args.variant_args.split()))
+        variant = Variant(
+            Topology(args.url, root), root, tuple(args.variant_args.split()), args.variant_nice
+        )
     try:
         await asyncio.to_thread(topology.declare)
         if variant is not None:
@@ -846,7 +861,10 @@ def report(result: dict[str, Any]) -> str:
                 f"variant {lt['variant_setup']}: p50 / p99 / max {v['p50_ms']:.0f} / "
                 f"{v['p99_ms']:.0f} / {v['max_ms']:.0f} ms; minus the bridge's, by round: p50 "
                 f"{lt['variant_minus_bridge_p50_ms_runs']}, p99 "
-                f"{lt['variant_minus_bridge_p99_ms_runs']}"
+                f"{lt['variant_minus_bridge_p99_ms_runs']}; it adds "
+                f"{lt['variant_added_p50_ms']:.0f} ms at p50 and "
+                f"{lt['variant_added_p99_ms']:.0f} ms at p99 to the direct path's "
+                f"(by round: {lt['variant_added_p99_ms_runs']})"
             )
         if lt.get("breakdown_median"):
             steps = lt["breakdown_median"]
@@ -889,6 +907,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="the same, the bridge of this tree with these `bridge run` arguments added "
         "(with --variant-root: that tree's)",
+    )
+    p.add_argument(
+        "--variant-nice",
+        type=int,
+        default=0,
+        help="the same, the bridge of this tree (or --variant-root's) under `nice -n N`: "
+        "on a machine it shares with the broker, how much yielding the CPU to it helps",
     )
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
