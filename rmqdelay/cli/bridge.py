@@ -128,9 +128,12 @@ def bridge_declare(
         "once confirmed there and in the schedule journal: `scheduled list` and `cancel` see "
         "them), then publishes it to DNAME with its routing key, body, headers (no x-delay) "
         "and properties. Run several for throughput and failover. SIGTERM stops taking "
-        "messages and lets those in hand finish.",
+        "messages and lets those in hand finish. On a machine it shares with the broker, "
+        "run it under `nice -n 10`: it waits on the broker for every message, and yielding "
+        "it the CPU makes every message less late (README, 'The x-delay bridge').",
         "rmqdelay bridge run --exchange orders",
         "rmqdelay bridge run --exchange orders --metrics-port 9101",
+        "nice -n 10 rmqdelay bridge run --exchange orders",
     ),
 )
 @_exchange
