@@ -194,7 +194,7 @@ class Processor:
                 return
             claim = waited
         if not isinstance(claim, str):
-            await self._settle_as_first(session, spec, message, delivery, claim)
+            await self._settle_as_first(session, spec, message, delivery, key, claim)
             return
         if not await self._acquire_slot():
             await self._give_back(session, message)
@@ -260,10 +260,12 @@ class Processor:
         spec: HandlerSpec,
         message: AbstractIncomingMessage,
         delivery: Delivery,
+        key: Key,
         outcome: Outcome,
     ) -> None:
         """Settle a redelivery with the outcome of the handling the broker took it back
-        from: no second call of the handler."""
+        from: no second call of the handler. Should this settling fail too (the
+        connection lost meanwhile), the outcome waits for the next redelivery."""
         decision, failure, _seconds = outcome
         log.info(
             "a redelivery of a message whose handling ended after the broker took it back: "
@@ -274,6 +276,8 @@ class Processor:
         # no handler ran for this delivery (its time was counted with the first one's)
         settled = await session.settler.settle(spec, message, delivery, decision, failure, None)
         self.hooks.settled(delivery, settled)
+        if settled.outcome == "returned":
+            self.taken.finished(key, outcome, now_ms())
 
     async def _handle(
         self,
@@ -326,6 +330,8 @@ class Processor:
                 # done, and its copy published: should the broker have ignored the ack
                 # (taken back meanwhile), the redelivery only needs one
                 left = (Decision("ack", decision.attempt), None, seconds)
+            elif settled.outcome == "returned":
+                left = outcome  # not settled (taken back meanwhile): not a second call either
         finally:
             self._holdings.discard(holding)
             if holding.taken:
