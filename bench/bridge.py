@@ -701,6 +701,10 @@ async def lateness(
     def median(name: str, q: str) -> float:
         return float(statistics.median(r[name]["stats"][q] for r in runs))
 
+    def minus(name: str, other: str, q: str) -> list[float]:
+        """Side ``name``'s ``q`` lateness less ``other``'s, round by round."""
+        return [r[name]["stats"][f"{q}_ms"] - r[other]["stats"][f"{q}_ms"] for r in runs]
+
     out: dict[str, Any] = {
         "rate": rate,
         "duration_s": duration,
@@ -721,14 +725,14 @@ async def lateness(
         out[name]["early"] = sum(r[name]["stats"]["early"] for r in runs)
         out[name]["missing"] = sum(r[name]["stats"]["missing"] for r in runs)
     for q in ("p50", "p99"):
-        added = [r["bridge"]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
+        added = minus("bridge", "direct", q)
         out[f"added_{q}_ms"] = statistics.median(added)
         out[f"added_{q}_ms_runs"] = added
         # what the bridge adds beyond its two hops done by bare clients
         beyond = [a - r["relay"]["stats"][f"{q}_ms"] for a, r in zip(added, runs, strict=True)]
         out[f"beyond_relay_{q}_ms"] = statistics.median(beyond)
         # what its whole path done by bare clients adds: the floor of the target
-        bare = [r["bare"]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
+        bare = minus("bare", "direct", q)
         out[f"bare_added_{q}_ms"] = statistics.median(bare)
         out[f"bare_added_{q}_ms_runs"] = bare
     if variant is not None:  # the variant against the bridge, round by round
@@ -738,10 +742,10 @@ async def lateness(
             "nice": variant.nice,
         }
         for q in ("p50", "p99"):
-            diff = [r[VARIANT]["stats"][f"{q}_ms"] - r["bridge"]["stats"][f"{q}_ms"] for r in runs]
+            diff = minus(VARIANT, "bridge", q)
             out[f"variant_minus_bridge_{q}_ms"] = statistics.median(diff)
             out[f"variant_minus_bridge_{q}_ms_runs"] = diff
-            added = [r[VARIANT]["stats"][f"{q}_ms"] - r["direct"]["stats"][f"{q}_ms"] for r in runs]
+            added = minus(VARIANT, "direct", q)
             out[f"variant_added_{q}_ms"] = statistics.median(added)
             out[f"variant_added_{q}_ms_runs"] = added
     if with_breakdown:
