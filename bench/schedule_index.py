@@ -85,8 +85,8 @@ def fill_journal(settings: Settings, messages: int) -> float:
     once left it not answering AMQP handshakes. The seconds it took."""
     from rmqdelay.amqp.connections import connect_blocking
     from rmqdelay.amqp.journal import run_journal
-    from rmqdelay.core import journal_flows
-    from rmqdelay.core.journal import JournalRecord
+    from rmqdelay.core.journal import flows as journal_flows
+    from rmqdelay.core.journal.records import JournalRecord
     from rmqdelay.core.templates import new_message_id
 
     started = time.perf_counter()

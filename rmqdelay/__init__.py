@@ -16,12 +16,12 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .amqp.publisher import Publisher
     from .amqp.topology_manager import TopologyManager
     from .core.durations import DurationLike, format_ms, parse_duration_us
+    from .core.journal.recurring import RecurringResult, RecurringSchedule
     from .core.layout import Layout
     from .core.outgoing import PublishResult
     from .core.parking import ParkedMessage
     from .core.plan import DelayPlan, plan_delay
     from .core.protocols import AsyncPublisherProtocol, PublisherProtocol
-    from .core.recurring import RecurringResult, RecurringSchedule
     from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
     from .core.topology import Topology, build_topology
     from .errors import (
@@ -122,8 +122,8 @@ _WHERE: dict[str, str] = {
     "plan_delay": ".core.plan",
     "AsyncPublisherProtocol": ".core.protocols",
     "PublisherProtocol": ".core.protocols",
-    "RecurringResult": ".core.recurring",
-    "RecurringSchedule": ".core.recurring",
+    "RecurringResult": ".core.journal.recurring",
+    "RecurringSchedule": ".core.journal.recurring",
     **dict.fromkeys(
         ("Backoff", "DecodeError", "Park", "Requeue", "Retry", "RetryPolicy"), ".core.retry"
     ),

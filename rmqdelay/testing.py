@@ -21,20 +21,16 @@ from typing import Any, Literal, TypeVar, cast
 from typing_extensions import Unpack
 
 from .amqp.recurring_api import RecurringFlows, RecurringMethods
-from .core import clock, failures, journal_flows
+from .core import clock, failures
 from .core.durations import DurationLike, parse_duration_us
-from .core.journal import (
-    CancelResult,
-    JournalRecord,
-    decode_records,
-    encode_records,
-    journal_name,
-)
-from .core.journal_steps import Append, Follow, Read, ReadEnd
+from .core.journal import flows as journal_flows
+from .core.journal.records import JournalRecord, decode_records, encode_records, journal_name
+from .core.journal.recurring import RecurringResult, RecurringSchedule
+from .core.journal.reschedule import RescheduleResult
+from .core.journal.steps import Append, Follow, Read, ReadEnd
+from .core.journal.view import CancelResult
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
-from .core.recurring import RecurringResult, RecurringSchedule
-from .core.reschedule import RescheduleResult
 from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
 from .settings import Settings
 

@@ -19,10 +19,11 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
 
 from ..core.durations import DurationLike
-from ..core.journal import CancelResult, JournalRecord
-from ..core.journal_steps import Follow
+from ..core.journal.records import JournalRecord
+from ..core.journal.reschedule import RescheduleResult
+from ..core.journal.steps import Follow
+from ..core.journal.view import CancelResult
 from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
-from ..core.reschedule import RescheduleResult
 from ..core.steps import CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private

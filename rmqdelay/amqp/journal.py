@@ -1,8 +1,8 @@
 """The schedule journal's two steps carried out on pika and on aio-pika, and its tail.
 
-What to read and write, and what it means, is :mod:`rmqdelay.core.journal_flows`: here
-are only :class:`~rmqdelay.core.journal_flows.Append` (publish on a confirm channel) and
-:class:`~rmqdelay.core.journal_flows.Read` (consume a stream from a timestamp offset,
+What to read and write, and what it means, is :mod:`rmqdelay.core.journal.flows`: here
+are only :class:`~rmqdelay.core.journal.flows.Append` (publish on a confirm channel) and
+:class:`~rmqdelay.core.journal.flows.Read` (consume a stream from a timestamp offset,
 with manual acks and a prefetch, as RabbitMQ requires for streams), once per client, and
 :class:`JournalTail`, which follows the journal for a worker.
 
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import pika
 import pika.exceptions
 
-from ..core import journal_flows as flows
 from ..core.clock import now_ms
 from ..core.failures import journal_missing
-from ..core.journal import JournalRecord
-from ..core.journal_flows import JournalFlow, UntilMarker
-from ..core.journal_steps import Append, JournalStep, Read, ReadEnd, stream_offset
+from ..core.journal import flows
+from ..core.journal.flows import JournalFlow, UntilMarker
+from ..core.journal.records import JournalRecord
+from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, stream_offset
 from ..core.layout import Layout
 from ..core.steps import Steps
 from ..settings_light import BrokerSettings
@@ -358,7 +358,7 @@ async def _close_quietly(channel: AbstractChannel) -> None:
 
 
 async def write_probe(connection: AbstractConnection, layout: Layout) -> None:
-    """:func:`rmqdelay.core.journal_flows.probe` on ``connection``."""
+    """:func:`rmqdelay.core.journal.flows.probe` on ``connection``."""
     await run_journal_async(flows.probe(layout), connection)
 
 
@@ -404,7 +404,7 @@ class JournalWriter:
 
     def _flush(self) -> None:
         """Send what was asked for since the last flush, and tell each writer."""
-        from ..core.journal import RECORDS_PER_WRITE
+        from ..core.journal.records import RECORDS_PER_WRITE
 
         self._scheduled = False
         records, waiting = self._pending, self._waiting
@@ -434,8 +434,8 @@ class JournalWriter:
         import aio_pika
         import aiormq
 
-        from ..core.journal import encode_records
-        from ..core.journal_steps import journal_properties
+        from ..core.journal.records import encode_records
+        from ..core.journal.steps import journal_properties
         from ..errors import JournalError
 
         exchange = self._exchange

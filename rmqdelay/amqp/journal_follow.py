@@ -1,7 +1,7 @@
-"""A publisher's journal follower: the :class:`~rmqdelay.core.journal_steps.Follow` step,
+"""A publisher's journal follower: the :class:`~rmqdelay.core.journal.steps.Follow` step,
 on pika and on aio-pika.
 
-A keyed publish reads the journal back to its own record (:mod:`rmqdelay.core.key_flows`).
+A keyed publish reads the journal back to its own record (:mod:`rmqdelay.core.journal.key_flows`).
 Opening a stream consumer for each would cost a connection (pika) or a channel and a
 seek (both) per publish, so the follower keeps its consumer open between publishes and
 hands each step what came since the last. The consumer has a channel of its own on the
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pika
 import pika.exceptions
 
-from ..core.journal_steps import Follow, ReadEnd
+from ..core.journal.steps import Follow, ReadEnd
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage

@@ -19,10 +19,11 @@ from typing import TypeVar
 import pika
 
 from ..core.durations import DurationLike
-from ..core.journal import CancelResult, JournalRecord
-from ..core.journal_steps import Append, Follow, Read
+from ..core.journal.records import JournalRecord
+from ..core.journal.reschedule import RescheduleResult
+from ..core.journal.steps import Append, Follow, Read
+from ..core.journal.view import CancelResult
 from ..core.outgoing import Outcome, Prepared, PublishResult
-from ..core.reschedule import RescheduleResult
 from ..core.steps import CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once

@@ -15,14 +15,15 @@ from typing import Any, Generic, TypeVar, cast
 
 from typing_extensions import Unpack
 
-from ..core import journal_flows
 from ..core.clock import ms_of_datetime
 from ..core.durations import DurationLike
-from ..core.journal import CancelResult, JournalRecord
-from ..core.journal_flows import JournalFlow
+from ..core.journal import flows as journal_flows
+from ..core.journal.flows import JournalFlow
+from ..core.journal.records import JournalRecord
+from ..core.journal.reschedule import RescheduleResult
+from ..core.journal.view import CancelResult
 from ..core.outgoing import PublishOptions
 from ..core.publisher_core import PublisherCore
-from ..core.reschedule import RescheduleResult
 from ..core.steps import RECONNECT_PAUSES, Flow
 from ..settings_light import BrokerSettings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
@@ -151,7 +152,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
     def _cancel_flow(
         self, message_ids: Iterable[str], keys: Iterable[str] = ()
     ) -> JournalFlow[list[CancelResult]]:
-        """The flow of ``cancel``, which each adapter runs (:mod:`..core.journal_flows`)."""
+        """The flow of ``cancel``, which each adapter runs (:mod:`..core.journal.flows`)."""
         if isinstance(keys, str):
             keys = (keys,)  # keys="order-42" means that key, not its letters
         return journal_flows.cancel(

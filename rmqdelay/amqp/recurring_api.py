@@ -1,6 +1,6 @@
 """Recurring schedules on both publishers: ``add_recurring`` and its peers.
 
-The calls are flows (:mod:`..core.recurring_flows`); these mixins give them to
+The calls are flows (:mod:`..core.journal.recurring_flows`); these mixins give them to
 :class:`~rmqdelay.Publisher` (sync) and :class:`~rmqdelay.AsyncPublisher` (async), which
 carry out their steps as they do a publish's.
 """
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import Unpack
 
-from ..core import recurring_flows as flows
 from ..core.durations import DurationLike
+from ..core.journal import recurring_flows as flows
+from ..core.journal.recurring import RecurringResult, RecurringSchedule
 from ..core.messages import MessageProperties
-from ..core.recurring import RecurringResult, RecurringSchedule
 
 if TYPE_CHECKING:
     from ..core.publisher_core import PublisherCore

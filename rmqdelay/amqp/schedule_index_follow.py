@@ -19,9 +19,9 @@ import asyncio
 import gc
 from typing import TYPE_CHECKING
 
-from ..core import journal_flows as flows
 from ..core.clock import now_ms
-from ..core.recurring import RecurringBook
+from ..core.journal import flows
+from ..core.journal.recurring import RecurringBook
 from ..core.schedule_index import ScheduleIndex
 from ..errors import JournalError
 from .journal import JournalTail, run_journal_async, stream_end
@@ -29,7 +29,7 @@ from .journal import JournalTail, run_journal_async, stream_end
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
-    from ..core.journal import JournalRecord
+    from ..core.journal.records import JournalRecord
     from ..core.layout import Layout
 
 __all__ = ["IndexFollower"]

@@ -16,8 +16,8 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
-from ..core.journal import decode_records, journal_name
-from ..core.journal_steps import Read
+from ..core.journal.records import decode_records, journal_name
+from ..core.journal.steps import Read
 from ..core.layout import Layout
 from ..core.parking import read_parked
 from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked

@@ -23,7 +23,7 @@ from .options import (
 from .publish import _parse_at, _parse_headers, read_body
 
 if TYPE_CHECKING:
-    from ..core.recurring import RecurringResult
+    from ..core.journal.recurring import RecurringResult
 
 __all__ = ["app"]
 
@@ -95,7 +95,7 @@ def add(
         raise usage_error("give exactly one of --cron or --every")
     if tz is not None and cron is None:
         raise usage_error("--tz goes with --cron (--every is absolute time)")
-    from ..core.recurring import parse_rule
+    from ..core.journal.rules import parse_rule
     from ..errors import RecurringError
 
     try:  # the command line is read whole before anything connects: its mistakes exit 2

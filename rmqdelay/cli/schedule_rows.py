@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.clock import iso_of_ms
-from ..core.journal import json_text as _quote
+from ..core.journal.records import json_text as _quote
 
 if TYPE_CHECKING:
-    from ..core.journal import JournalRecord
+    from ..core.journal.records import JournalRecord
 
 __all__ = [
     "RICH_ROWS",

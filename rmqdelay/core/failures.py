@@ -18,10 +18,10 @@ from ..errors import (
     UnknownDestinationError,
     UnroutableError,
 )
-from .journal import journal_name
+from .journal.records import journal_name
+from .journal.reschedule import RescheduleResult
 from .layout import Layout
 from .outgoing import Outgoing
-from .reschedule import RescheduleResult
 
 __all__ = [
     "journal_missing",

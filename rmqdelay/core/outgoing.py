@@ -18,7 +18,7 @@ from ..errors import BatchPublishError, PublishError
 from .clock import datetime_of_ms, ms_of_us
 from .durations import DurationLike
 from .frozen import make
-from .journal import JournalRecord
+from .journal.records import JournalRecord
 from .messages import DESTINATION, DUE_AT, MessageProperties
 from .plan import DelayPlan
 

@@ -14,9 +14,10 @@ from typing import Any, Protocol
 from typing_extensions import Unpack
 
 from .durations import DurationLike
-from .journal import CancelResult, JournalRecord
+from .journal.records import JournalRecord
+from .journal.reschedule import RescheduleResult
+from .journal.view import CancelResult
 from .outgoing import PublishOptions, PublishResult
-from .reschedule import RescheduleResult
 
 __all__ = ["AsyncPublisherProtocol", "PublisherProtocol"]
 

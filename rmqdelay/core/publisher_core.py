@@ -27,19 +27,22 @@ from ..errors import (
     RmqDelayError,
     UnroutableError,
 )
-from . import clock, failures, journal_flows
+from . import clock, failures
 from .clock import ms_of_us
 from .durations import DurationLike, parse_duration_us
 from .frozen import make
-from .journal import (
+from .journal import flows as journal_flows
+from .journal.key_flows import KeyFollower, key_answer, read_back
+from .journal.records import (
     RECORDS_PER_WRITE,
     JournalRecord,
     encode_record,
     encode_scheduled,
     journal_name,
 )
-from .journal_steps import journal_properties
-from .key_flows import KeyFollower, key_answer, read_back
+from .journal.reschedule import RescheduleResult, plan_reschedule
+from .journal.steps import journal_properties
+from .journal.view_follow import ViewFollower, read_on, view_follower
 from .layout import Layout
 from .messages import ATTEMPT, CARRIED, KEY, MessageProperties, clean_headers, encode_body
 from .outgoing import (
@@ -55,11 +58,9 @@ from .outgoing import (
     gather_results,
 )
 from .plan import DelayPlan, Route, check_max_delay, plan_delay, plan_route
-from .reschedule import RescheduleResult, plan_reschedule
 from .routing import validate_destination
 from .steps import CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
-from .view_follow import ViewFollower, read_on, view_follower
 from .wire import encode_properties
 
 __all__ = ["KEY_MAX_CHARS", "PublisherCore", "check_key"]

@@ -1,6 +1,6 @@
 """The schedule, indexed for paging: the first page of a million pending, fast.
 
-``scheduled list`` folds the whole journal into a :class:`~.journal.ScheduleView` and
+``scheduled list`` folds the whole journal into a :class:`~.journal.view.ScheduleView` and
 sorts what is pending: right for one command, too slow for a dashboard that answers
 "the next 50" on every click (the sort alone costs seconds at 1,000,000 pending).
 :class:`ScheduleIndex` keeps that same view and, beside it, every pending copy in sorted
@@ -10,10 +10,10 @@ cost does not grow with the number pending; counts per destination and per due w
 are bisects too.
 
 What is pending is the view's decision, never re-derived here: after each record the
-index asks the view (its copies, :meth:`~.journal.ScheduleView.is_cancelled`,
-:meth:`~.journal.ScheduleView.hidden`) about the copies that record can have changed
+index asks the view (its copies, :meth:`~.journal.view.ScheduleView.is_cancelled`,
+:meth:`~.journal.view.ScheduleView.hidden`) about the copies that record can have changed
 (its id's, and a replaced key's previous message's), before and after, and moves only
-those. So a page lists exactly what :meth:`~.journal.ScheduleView.pending` would, in the
+those. So a page lists exactly what :meth:`~.journal.view.ScheduleView.pending` would, in the
 same order (the unit tests check it on random journals).
 
 Pure: no I/O. :mod:`rmqdelay.amqp.schedule_index_follow` feeds it from the stream.
@@ -29,7 +29,8 @@ from typing import Literal
 
 from sortedcontainers import SortedList
 
-from .journal import JournalRecord, ScheduleView
+from .journal.records import JournalRecord
+from .journal.view import ScheduleView
 
 __all__ = [
     "BUCKETS",
@@ -147,7 +148,7 @@ def sort_taken(taken: Taken) -> Sorted:
 
 @dataclass
 class ScheduleIndex:
-    """A :class:`~.journal.ScheduleView` with its pending copies sorted for pages."""
+    """A :class:`~.journal.view.ScheduleView` with its pending copies sorted for pages."""
 
     view: ScheduleView = field(default_factory=ScheduleView)
     _lists: dict[str, _Lists] = field(default_factory=dict, repr=False)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from .journal import journal_name
+from .journal.records import journal_name
 from .layout import Layout
 
 __all__ = [

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from .journal_steps import Append, Follow, Read
+from .journal.steps import Append, Follow, Read
 from .outgoing import Prepared
 
 __all__ = [

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .journal import journal_name, max_age
+from .journal.records import journal_name, max_age
 from .layout import DIGITS, Layout
 from .routing import validate_destination
 

@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..core.journal import journal_name
+from ..core.journal.records import journal_name
 from ..core.status import ParkedBreakdown, PastDueWatch, Status, StuckTier, stuck_tiers
 from ..settings import Settings
 from ..settings_light import mask_url

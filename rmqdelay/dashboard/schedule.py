@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 
 from starlette.concurrency import run_in_threadpool
 
-from ..core.journal import JournalRecord
-from ..core.recurring import RecurringSchedule
+from ..core.journal.records import JournalRecord
+from ..core.journal.recurring import RecurringSchedule
 from ..core.schedule_index import sort_taken
 from ..settings import Settings
 
@@ -168,7 +168,7 @@ class ScheduleSource:
     async def _open(self) -> None:
         from ..amqp.connections import connect_async
         from ..amqp.schedule_index_follow import IndexFollower
-        from ..core.journal_flows import require_journal
+        from ..core.journal.flows import require_journal
 
         await self._close_follower()
         require_journal(self.settings.layout, "the dashboard's Scheduled page")

@@ -16,7 +16,8 @@ from aio_pika.abc import AbstractConnection
 
 from ..amqp.journal import JournalTail
 from ..core.clock import now_ms
-from ..core.journal import JournalRecord, Tombstones
+from ..core.journal.records import JournalRecord
+from ..core.journal.tombstones import Tombstones
 from ..core.layout import Layout
 from ..errors import TopologyError, WorkerError
 from .delivery import Delivery

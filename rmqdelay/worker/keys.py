@@ -1,7 +1,7 @@
 """The keys filter: a hook that lets a worker handle at most one copy per key and
 generation, and moves the copies of a rescheduled message.
 
-It folds the schedule journal into a :class:`~rmqdelay.core.keys.KeyBook` (from the
+It folds the schedule journal into a :class:`~rmqdelay.core.journal.keys.KeyBook` (from the
 cancel filter's tail: one reader per worker) and, before a handler runs, acts on the
 book's verdict for the delivery:
 
@@ -39,8 +39,8 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.journal import JournalWriter
 from ..core.clock import now_ms
-from ..core.journal import JournalRecord
-from ..core.keys import Generation, KeyBook, Verdict
+from ..core.journal.keys import Generation, KeyBook, Verdict
+from ..core.journal.records import JournalRecord
 from ..core.layout import Layout
 from ..core.messages import KEY
 from ..errors import JournalError

@@ -9,7 +9,7 @@ once one was handled. Paused: the next one is published and this one acked unhan
 Removed (or replaced by a later ``add``): acked unhandled, and the chain ends.
 
 It folds the journal's control records and occurrences into a
-:class:`~rmqdelay.core.recurring.RecurringBook` from the cancel filter's tail, which also
+:class:`~rmqdelay.core.journal.recurring.RecurringBook` from the cancel filter's tail, which also
 feeds the ``rmqdelay_recurring_schedules`` gauge.
 """
 
@@ -23,16 +23,11 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from ..amqp.aio_publisher import AsyncPublisher
 from ..core.clock import now_ms
-from ..core.journal import CANCEL_MARGIN_MS, JournalRecord
+from ..core.journal.records import CANCEL_MARGIN_MS, JournalRecord
+from ..core.journal.recurring import OccurrenceDecision, RecurringBook
+from ..core.journal.recurring_flows import occurrence_options
+from ..core.journal.rules import RECURRING, Occurrence, read_occurrence
 from ..core.messages import carried_properties, clean_headers
-from ..core.recurring import (
-    RECURRING,
-    Occurrence,
-    OccurrenceDecision,
-    RecurringBook,
-    read_occurrence,
-)
-from ..core.recurring_flows import occurrence_options
 from ..errors import RecurringError
 from .cancel import CancelFilter
 from .delivery import Delivery

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from ..amqp.consumers import broker_version
 from ..core.handlers import HandlerSpec
-from ..core.journal import Tombstones
+from ..core.journal.tombstones import Tombstones
 from ..errors import WorkerError
 from ..settings import Settings
 from .cancel import CancelFilter

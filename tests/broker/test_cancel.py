@@ -25,8 +25,8 @@ from rmqdelay import (
     Worker,
 )
 from rmqdelay.amqp.journal import run_journal_async
-from rmqdelay.core import journal_flows
-from rmqdelay.core.journal import JournalRecord
+from rmqdelay.core.journal import flows as journal_flows
+from rmqdelay.core.journal.records import JournalRecord
 from tests.helpers.worker_helpers import (
     Call,
     Calls,

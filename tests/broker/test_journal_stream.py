@@ -13,9 +13,9 @@ import pytest
 
 from rmqdelay import AsyncPublisher, ConfigurationError, Publisher, Settings, build_topology
 from rmqdelay.amqp.journal import JournalTail, run_journal, run_journal_async
-from rmqdelay.core import journal_flows as flows
-from rmqdelay.core.journal import JournalRecord, encode_record, journal_name
-from rmqdelay.core.journal_flows import JournalFlow
+from rmqdelay.core.journal import flows
+from rmqdelay.core.journal.flows import JournalFlow
+from rmqdelay.core.journal.records import JournalRecord, encode_record, journal_name
 from tests.helpers.cli import invoke, settings_env
 
 T = TypeVar("T")

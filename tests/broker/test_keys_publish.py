@@ -14,7 +14,7 @@ import pika
 import pytest
 
 from rmqdelay import AsyncPublisher, ConfigurationError, InvalidMessageError, Publisher
-from rmqdelay.core.journal_flows import read
+from rmqdelay.core.journal.flows import read
 from rmqdelay.core.messages import KEY
 from tests.helpers.cli import run_cli, settings_env
 from tests.helpers.worker_helpers import TestTopology

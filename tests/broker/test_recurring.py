@@ -10,8 +10,8 @@ import pytest
 
 from rmqdelay import AsyncPublisher, Publisher, RecurringError
 from rmqdelay.core.clock import now_ms
-from rmqdelay.core.keys import recurring_key
-from rmqdelay.core.recurring import CHAIN, OCCURRENCE, RECURRING, STATE, read_occurrence
+from rmqdelay.core.journal.keys import recurring_key
+from rmqdelay.core.journal.rules import CHAIN, OCCURRENCE, RECURRING, STATE, read_occurrence
 from rmqdelay.worker.context import Context
 from tests.helpers.worker_helpers import TestTopology, wait_until
 

@@ -1,7 +1,7 @@
 """The schedule index follower on a real journal stream: the whole journal, then live.
 
 The reference is what ``scheduled list`` reads (:meth:`AsyncPublisher.list_scheduled`,
-the journal folded by :class:`~rmqdelay.core.journal.ScheduleView`): the follower's pages
+the journal folded by :class:`~rmqdelay.core.journal.view.ScheduleView`): the follower's pages
 must list the same copies, in the same order, before and after publishes, a cancel, a
 reschedule and a keyed replace that came while it was following.
 """
@@ -16,7 +16,7 @@ import pytest
 
 from rmqdelay import AsyncPublisher, Settings, TopologyError
 from rmqdelay.amqp.schedule_index_follow import IndexFollower
-from rmqdelay.core.journal import JournalRecord
+from rmqdelay.core.journal.records import JournalRecord
 from rmqdelay.core.schedule_index import PageQuery
 from tests.helpers.brokerctl import BrokerAdmin, with_login
 from tests.helpers.worker_helpers import make_settings

@@ -15,9 +15,9 @@ import aio_pika
 
 from rmqdelay import AsyncPublisher, Settings
 from rmqdelay.amqp.journal import run_journal_async
-from rmqdelay.core import journal_flows
 from rmqdelay.core.clock import datetime_of_ms, now_ms
-from rmqdelay.core.keys import KeyBook
+from rmqdelay.core.journal import flows as journal_flows
+from rmqdelay.core.journal.keys import KeyBook
 
 Mode = Literal["ignore", "replace"]
 

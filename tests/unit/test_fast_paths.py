@@ -25,7 +25,7 @@ from rmqdelay import Settings
 from rmqdelay.amqp.pika_confirms import _up_to
 from rmqdelay.amqp.publisher import pika_properties
 from rmqdelay.core import templates, wire
-from rmqdelay.core.journal import JournalRecord, encode_record, encode_scheduled
+from rmqdelay.core.journal.records import JournalRecord, encode_record, encode_scheduled
 from rmqdelay.core.layout import DIGITS, Layout
 from rmqdelay.core.messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, amqp_properties
 from rmqdelay.core.outgoing import Draft, Drafts, Prepared, PublishResult, WithRecords

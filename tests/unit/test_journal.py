@@ -12,10 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rmqdelay import Settings
-from rmqdelay.core.journal import (
+from rmqdelay.core.journal.records import (
     JournalRecord,
-    ScheduleView,
-    Tombstones,
     decode_record,
     decode_records,
     encode_record,
@@ -25,8 +23,9 @@ from rmqdelay.core.journal import (
     json_text,
     max_age,
     plain_record,
-    plan_cancels,
 )
+from rmqdelay.core.journal.tombstones import Tombstones
+from rmqdelay.core.journal.view import ScheduleView, plan_cancels
 
 ids = st.text("abcdef0123456789", min_size=1, max_size=8)
 records = st.builds(

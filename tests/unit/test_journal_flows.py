@@ -12,10 +12,15 @@ from typing import Any
 import pytest
 
 from rmqdelay import ConfigurationError, PublishError, Settings, TopologyError
-from rmqdelay.core import journal_flows as flows
-from rmqdelay.core.journal import RECORDS_PER_WRITE, JournalRecord, decode_records, encode_records
-from rmqdelay.core.journal_flows import JournalFlow, UntilMarker
-from rmqdelay.core.journal_steps import (
+from rmqdelay.core.journal import flows
+from rmqdelay.core.journal.flows import JournalFlow, UntilMarker
+from rmqdelay.core.journal.records import (
+    RECORDS_PER_WRITE,
+    JournalRecord,
+    decode_records,
+    encode_records,
+)
+from rmqdelay.core.journal.steps import (
     JOURNAL_TYPE,
     Append,
     JournalStep,

@@ -8,21 +8,16 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core.journal import (
-    JournalRecord,
-    ScheduleView,
-    decode_record,
-    encode_record,
-    plan_cancels,
-)
-from rmqdelay.core.keys import (
+from rmqdelay.core.journal.keys import (
     UNRECORDED_GRACE_MS,
     Generation,
     KeyBook,
     Loser,
     recurring_key,
 )
-from rmqdelay.core.reschedule import plan_reschedule
+from rmqdelay.core.journal.records import JournalRecord, decode_record, encode_record
+from rmqdelay.core.journal.reschedule import plan_reschedule
+from rmqdelay.core.journal.view import ScheduleView, plan_cancels
 
 
 def keyed(

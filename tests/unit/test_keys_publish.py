@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from rmqdelay import ConfigurationError, InvalidMessageError, PublishError, Settings
 from rmqdelay.core import clock
-from rmqdelay.core.journal import JournalRecord, encode_records
-from rmqdelay.core.key_flows import KeyFollower, keyed_line
+from rmqdelay.core.journal.key_flows import KeyFollower, keyed_line
+from rmqdelay.core.journal.records import JournalRecord, encode_records
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, KEY, amqp_properties
 from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.templates import PropertyTemplates, plain_carried

@@ -10,16 +10,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core.journal import JournalRecord, decode_record, decode_records, encode_records
-from rmqdelay.core.recurring import (
+from rmqdelay.core.journal.records import (
+    JournalRecord,
+    decode_record,
+    decode_records,
+    encode_records,
+)
+from rmqdelay.core.journal.recurring import RecurringBook, control_record
+from rmqdelay.core.journal.rules import (
     CHAIN,
     OCCURRENCE,
     RECURRING,
     STATE,
     Occurrence,
-    RecurringBook,
     Rule,
-    control_record,
     new_chain,
     occurrence_key,
     parse_rule,
@@ -365,7 +369,7 @@ def test_status_counts_recurring_schedules_when_asked() -> None:
 def test_the_calls_on_the_in_memory_publisher() -> None:
     import asyncio
 
-    from rmqdelay.core.keys import recurring_key
+    from rmqdelay.core.journal.keys import recurring_key
     from rmqdelay.settings import Settings
     from rmqdelay.testing import AsyncInMemoryPublisher, InMemoryPublisher
 

@@ -1,6 +1,6 @@
 """The schedule index pages exactly what the journal's view says is pending, in order.
 
-The model is :class:`~rmqdelay.core.journal.ScheduleView` folded over the same random
+The model is :class:`~rmqdelay.core.journal.view.ScheduleView` folded over the same random
 journal: its :meth:`pending`, filtered and sorted naively, is what a walk over every
 page of the index must give, for every filter, order and page size.
 """
@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmqdelay.core import schedule_index
-from rmqdelay.core.journal import JournalRecord, RecordKind, ScheduleView
+from rmqdelay.core.journal.records import JournalRecord, RecordKind
+from rmqdelay.core.journal.view import ScheduleView
 from rmqdelay.core.schedule_index import (
     BUCKETS,
     CursorError,

@@ -22,7 +22,7 @@ from rmqdelay.cli.schedule_rows import (
     write_lines,
 )
 from rmqdelay.core.clock import iso_of_ms
-from rmqdelay.core.journal import JournalRecord
+from rmqdelay.core.journal.records import JournalRecord
 
 texts = st.text(max_size=12)
 rows = st.builds(

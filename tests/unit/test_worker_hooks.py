@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rmqdelay import ConfigurationError, Settings
-from rmqdelay.core.journal import JournalRecord
+from rmqdelay.core.journal.records import JournalRecord
 from rmqdelay.worker import Delivery, Settled, Worker, WorkerHook
 from rmqdelay.worker.cancel import CancelFilter
 from rmqdelay.worker.hooks import Hooks

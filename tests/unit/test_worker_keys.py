@@ -8,7 +8,7 @@ from typing import Any
 
 from rmqdelay import Settings
 from rmqdelay.core.clock import now_ms
-from rmqdelay.core.journal import JournalRecord
+from rmqdelay.core.journal.records import JournalRecord
 from rmqdelay.core.messages import KEY
 from rmqdelay.worker import Admission, Delivery
 from rmqdelay.worker.cancel import CancelFilter

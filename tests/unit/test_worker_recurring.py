@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from rmqdelay.core.clock import ms_of_datetime, now_ms
-from rmqdelay.core.journal import JournalRecord
+from rmqdelay.core.journal.records import JournalRecord
+from rmqdelay.core.journal.recurring import control_record
+from rmqdelay.core.journal.rules import RECURRING, Occurrence, Rule
 from rmqdelay.core.messages import ATTEMPT, DUE_AT
-from rmqdelay.core.recurring import RECURRING, Occurrence, Rule, control_record
 from rmqdelay.worker import Admission, Delivery
 from rmqdelay.worker.recurring import RecurringHook, RecurringUnseen
 

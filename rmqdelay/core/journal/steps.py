@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from .clock import datetime_of_ms
+from ..clock import datetime_of_ms
 
 __all__ = [
     "JOURNAL_TYPE",

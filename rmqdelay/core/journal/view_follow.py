@@ -3,9 +3,9 @@
 A reschedule decides on the whole journal (was the message handled, cancelled, moved,
 replaced under its key?), and reading it whole each time cost every call the journal's
 length: 400 reschedules on a journal of a few thousand records took 45-104 s under
-CI's load. The publisher keeps the fold (:class:`~.journal.ScheduleView`) and the stream
+CI's load. The publisher keeps the fold (:class:`~.view.ScheduleView`) and the stream
 offset it has read to, and each reschedule appends its marker and reads only what came
-since, on a consumer the adapter keeps open (:class:`~.journal_steps.Follow`, reader
+since, on a consumer the adapter keeps open (:class:`~.steps.Follow`, reader
 ``view``). A fold older than ``max_delay`` is dropped and read again from the stream, so
 it holds what a whole read would, never more than two windows of the journal.
 
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import JournalError
-from .clock import now_ms
-from .failures import journal_missing
-from .journal import ScheduleView, decode_records, journal_name
-from .journal_flows import Clock, append, new_marker
-from .journal_steps import Follow
-from .layout import Layout
-from .steps import Flow
+from ...errors import JournalError
+from ..clock import now_ms
+from ..failures import journal_missing
+from ..layout import Layout
+from ..steps import Flow
+from .flows import Clock, append, new_marker
+from .records import decode_records, journal_name
+from .steps import Follow
+from .view import ScheduleView
 
 __all__ = ["ViewFollower", "read_on", "view_follower"]
 

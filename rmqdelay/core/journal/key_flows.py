@@ -5,7 +5,7 @@ or replaced is what the fold of every record up to its own says, the same for ev
 reader. So a keyed publish ends its journal write with a marker of its own, and once the
 write is confirmed, reads the journal until the marker comes back. The publisher keeps
 its :class:`KeyFollower` (the fold and the stream offset it has read to) and the adapter
-keeps the consumer open (:class:`~.journal_steps.Follow`), so a second keyed publish
+keeps the consumer open (:class:`~.steps.Follow`), so a second keyed publish
 reads only what was written since the first.
 
 Pure: the adapters carry out the Follow step.
@@ -16,14 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from ..errors import JournalError
-from .clock import now_ms
-from .journal import JournalRecord, decode_record
-from .journal_steps import Follow
+from ...errors import JournalError
+from ..clock import now_ms
+from ..layout import Layout
+from ..outgoing import Prepared, PublishResult
+from ..steps import Flow
 from .keys import Generation, KeyBook, Loser
-from .layout import Layout
-from .outgoing import Prepared, PublishResult
-from .steps import Flow
+from .records import JournalRecord, decode_record
+from .steps import Follow
 
 __all__ = ["KeyFollower", "key_answer", "keyed_line", "read_back"]
 
@@ -129,8 +129,8 @@ def read_back(
     still matter). ``what`` names the messages for the error when the stream gives
     nothing for ``timeout`` seconds.
     """
-    from .failures import journal_missing
-    from .journal import journal_name
+    from ..failures import journal_missing
+    from .records import journal_name
 
     def take(offset: int, body: bytes) -> bool:
         follower.take(offset, body)

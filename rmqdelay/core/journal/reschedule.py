@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .journal import JournalRecord, ScheduleView
+from .records import JournalRecord
+from .view import ScheduleView
 
 __all__ = ["RescheduleOutcome", "ReschedulePlan", "RescheduleResult", "plan_reschedule"]
 

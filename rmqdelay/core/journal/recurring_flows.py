@@ -12,28 +12,26 @@ from collections.abc import Callable, Generator, Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from ..errors import RecurringError
-from .clock import datetime_of_ms, ms_of_datetime, now_ms
-from .durations import DurationLike, format_ms
-from .journal import JournalRecord, ScheduleView, plan_cancels
-from .journal_flows import _read_into, append, require_journal
-from .outgoing import PublishOptions
-from .publisher_core import PublisherCore
-from .recurring import (
+from ...errors import RecurringError
+from ..clock import datetime_of_ms, ms_of_datetime, now_ms
+from ..durations import DurationLike, format_ms
+from ..outgoing import PublishOptions
+from ..publisher_core import PublisherCore
+from ..routing import validate_destination
+from .flows import _read_into, append, require_journal
+from .records import JournalRecord
+from .recurring import RecurringBook, RecurringResult, RecurringSchedule, control_record
+from .rules import (
     RECURRING,
     Occurrence,
-    RecurringBook,
-    RecurringResult,
-    RecurringSchedule,
     Rule,
     State,
     chain_ms,
-    control_record,
     new_chain,
     parse_rule,
     validate_name,
 )
-from .routing import validate_destination
+from .view import ScheduleView, plan_cancels
 
 __all__ = ["add", "listed", "occurrence_options", "switch"]
 

@@ -31,7 +31,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .journal import CANCEL_MARGIN_MS, JournalRecord
+from .records import CANCEL_MARGIN_MS, JournalRecord
 
 __all__ = [
     "UNRECORDED_GRACE_MS",

@@ -1,8 +1,8 @@
 """The schedule journal's reads and writes as flows, written once for every adapter.
 
 As a publish is (:mod:`.outgoing`), a journal call is a generator that yields the only
-two things needing a broker, :class:`~.journal_steps.Append` (append, confirmed) and
-:class:`~.journal_steps.Read` (consume the stream from a time on until told to stop),
+two things needing a broker, :class:`~.steps.Append` (append, confirmed) and
+:class:`~.steps.Read` (consume the stream from a time on until told to stop),
 and gets their answers back. What to read, when to stop, the cancel plan, the filters
 and every error are here; the pika and aio-pika adapters and the in-memory publisher
 only carry out the two steps. A reader cannot ask a stream where its end is, so
@@ -16,23 +16,21 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from ..errors import JournalError
-from .clock import now_ms
-from .failures import journal_missing, journal_off
-from .journal import (
+from ...errors import JournalError
+from ..clock import now_ms
+from ..failures import journal_missing, journal_off
+from ..layout import Layout
+from ..steps import Flow, run_flow
+from .records import (
     RECORDS_PER_WRITE,
-    CancelResult,
     JournalRecord,
-    ScheduleView,
     decode_lines,
     decode_records,
     encode_records,
     journal_name,
-    plan_cancels,
 )
-from .journal_steps import Append, JournalStep, JournalWrite, Read
-from .layout import Layout
-from .steps import Flow, run_flow
+from .steps import Append, JournalStep, JournalWrite, Read
+from .view import CancelResult, ScheduleView, plan_cancels
 
 __all__ = [
     "PROGRESS_EVERY",
@@ -220,7 +218,7 @@ def list_scheduled(
 
     One id can wait as several copies, each its own record (a publish sent again after
     its confirm failed, a retry): each copy still ahead is listed, and a record that
-    came late hides none (:class:`~rmqdelay.core.journal.ScheduleView`).
+    came late hides none (:class:`~rmqdelay.core.journal.view.ScheduleView`).
     """
     rows = yield from scheduled_rows(
         layout,
