@@ -357,3 +357,60 @@ def test_reschedule_answers_for_what_cannot_move() -> None:
     assert outcomes == {"h": "handled", "c": "cancelled"}
     assert plan_reschedule(view, "old", 50_000, now_ms=1000).result.outcome == "due"
     assert plan_reschedule(view, "nope", 50_000, now_ms=1000).result.outcome == "unknown"
+
+
+# ---------------------------------------------------------------------- forgetting
+
+
+def test_a_move_to_an_earlier_time_is_kept_until_the_old_copy_is_due() -> None:
+    """Rescheduled earlier, a message's old copy still comes out at its old time: the
+    book must still call it stale then, not forget the move once the new time passed
+    (a worker forgetting it handled the old copy as a second message)."""
+    minute = 60_000
+    book = KeyBook()
+    moved = JournalRecord(
+        "rescheduled", "m", "dest", 5 * minute, cancels_due_ms=(60 * minute,), fresh_copy=True
+    )
+    book.add(moved)
+    book.expire(20 * minute, margin_ms=minute)  # the new time and its margin are past
+    verdict = book.verdict("m", 60 * minute, None, redelivered=False, now_ms=60 * minute)
+    assert (verdict.action, verdict.reason) == ("drop", "rescheduled")
+    book.expire(62 * minute, margin_ms=minute)  # the old copy's time too: forgotten
+    assert book.moves == {}
+
+
+def test_a_retry_of_a_forgotten_generation_is_handled_not_lost_to_the_next() -> None:
+    """A keyed message handled late (a stuck tier, a long handler) and retried after the
+    reader forgot its generation, while a newer generation of the key is pending: the
+    retry carries the key but no ``ignore``/``replace`` (a first publish always does),
+    so it goes on as its own message; it neither loses to the newer one nor takes the
+    key from it."""
+    minute = 60_000
+    book = KeyBook()
+    book.add(keyed("old", 10 * minute, 0))
+    book.expire(25 * minute, margin_ms=minute)  # settled and forgotten
+    book.add(keyed("new", 60 * minute, 20 * minute, mode="replace"))
+    book.add(keyed("old", 31 * minute, 30 * minute, mode=None, attempt=2))
+    verdict = book.verdict("old", 31 * minute, "k", redelivered=False, now_ms=31 * minute)
+    assert verdict.action == "claim"
+    current = book.current("k")
+    assert current is not None and current.message_id == "new"
+    assert book.pending("k", 40 * minute) is current
+    assert book.outcome("new")[0] == "scheduled"
+    # a later first publish still finds the newer one pending
+    book.add(keyed("third", 90 * minute, 41 * minute, mode="ignore"))
+    assert book.outcome("third")[0] == "ignored"
+
+
+def test_a_generation_is_kept_while_a_later_copy_of_it_may_come() -> None:
+    """A record written late can set a generation's due time back to an earlier copy's;
+    the generation stays until its latest copy (a retry) is due and settled."""
+    minute = 60_000
+    book = KeyBook()
+    book.add(keyed("m", 10 * minute, 0))
+    book.add(keyed("m", 40 * minute, 11 * minute, mode=None, attempt=2))  # the retry
+    book.add(keyed("m", 10 * minute, 0))  # the first record, written again late
+    book.expire(20 * minute, margin_ms=minute)
+    assert "m" in book.by_id
+    verdict = book.verdict("m", 40 * minute, "k", redelivered=False, now_ms=40 * minute)
+    assert verdict.action == "claim"

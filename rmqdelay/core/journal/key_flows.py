@@ -181,10 +181,8 @@ def key_answer(book: KeyBook, prepared: Prepared, result: PublishResult) -> Publ
         )
     if not isinstance(entry, Generation):
         return result  # not keyed under this id after all: nothing to add
-    replaced_id = None
-    if outcome == "replaced":
-        history = book.generations[entry.key]
-        replaced_id = history[history.index(entry) - 1].message_id
+    replaced = book.replaced(entry) if outcome == "replaced" else None
+    replaced_id = None if replaced is None else replaced.message_id
     # built, not replace()d: a keyed batch answers every message
     return PublishResult(
         result.message_id,

@@ -27,9 +27,9 @@ that restarts from a timestamp does, changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from .records import CANCEL_MARGIN_MS, JournalRecord
 
@@ -68,7 +68,8 @@ class Generation:
     key: str
     number: int
     """Counted by this reader from the oldest record it read: for people, not identity.
-    A generation *is* its winner's message id."""
+    A generation *is* its winner's message id. 0: a retry or forward whose first record
+    this reader no longer holds."""
     message_id: str
     due_ms: int
     """The winner's current due time: a retry, forward or reschedule moves it."""
@@ -80,6 +81,14 @@ class Generation:
     done: bool = False
     claims: dict[int, tuple[str, str]] = field(default_factory=dict)
     """Per copy (its due time), the first claim read: (worker, claim id)."""
+    last_ms: int = 0
+    """The latest due time any copy of it was recorded with: until then a copy may come
+    (a record written late can set :attr:`due_ms` earlier than a retry's copy)."""
+
+    @property
+    def settles_ms(self) -> int:
+        """When its last copy is due: after that (and a margin) it can be forgotten."""
+        return max(self.due_ms, self.last_ms)
 
     def pending(self, at_ms: int) -> bool:
         """Whether it still holds its key at ``at_ms`` (a record's own time)."""
@@ -101,7 +110,8 @@ class Loser:
     winner_due_ms: int
     """The pending winner's due time when this publish lost to it."""
     due_ms: int
-    """This publish's own due time: its copies come out then, and are dropped."""
+    """This publish's own due time (its latest copy's): its copies come out then, and
+    are dropped."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,12 @@ class Move:
     due_ms: int
     old_due_ms: frozenset[int]
     fresh_copy: bool
+
+    @property
+    def settles_ms(self) -> int:
+        """When the last copy it speaks of is due: moved to an earlier time, the old
+        copies still come out at theirs, and must be recognised as stale then."""
+        return max(self.due_ms, max(self.old_due_ms, default=self.due_ms))
 
 
 @dataclass(frozen=True)
@@ -171,12 +187,26 @@ class KeyBook:
                 stale = move is not None and record.due_at_ms in move.old_due_ms
                 if not stale:
                     entry.due_ms = record.due_at_ms  # a retry, forward or resend
+                    entry.last_ms = max(entry.last_ms, record.due_at_ms)
                 if entry.cancelled and record.due_at_ms == entry.due_ms:
                     entry.cancelled = False  # recorded again after its tombstone
+            elif record.due_at_ms > entry.due_ms:  # a later copy of a loser: dropped too
+                self.by_id[message_id] = replace(entry, due_ms=record.due_at_ms)
             return
         history = self.generations.setdefault(key, [])
         current = history[-1] if history else None
         pending = current is not None and current.pending(record.recorded_at_ms)
+        if current is not None and pending and record.on_conflict is None:
+            # A retry or forward (a first publish always says ignore or replace) of a
+            # generation this reader no longer holds: settled and forgotten while its
+            # handling ran late. It goes on; it neither loses to the key nor takes it.
+            due = record.due_at_ms
+            continued = Generation(
+                key, 0, message_id, due, record.recorded_at_ms, record.destination, last_ms=due
+            )
+            history.insert(len(history) - 1, continued)
+            self.by_id[message_id] = continued
+            return
         if current is not None and pending and record.on_conflict != "replace":
             self.by_id[message_id] = Loser(
                 key, message_id, current.message_id, current.due_ms, record.due_at_ms
@@ -191,6 +221,7 @@ class KeyBook:
             record.due_at_ms,
             record.recorded_at_ms,
             record.destination,
+            last_ms=record.due_at_ms,
         )
         history.append(generation)
         self.by_id[message_id] = generation
@@ -206,6 +237,7 @@ class KeyBook:
         entry = self.by_id.get(message_id)
         if isinstance(entry, Generation):
             entry.due_ms = record.due_at_ms
+            entry.last_ms = max(entry.last_ms, record.due_at_ms)
 
     # ------------------------------------------------------------------ questions
 
@@ -227,11 +259,16 @@ class KeyBook:
             return "scheduled", None
         if isinstance(entry, Loser):
             return "ignored", entry
-        history = self.generations[entry.key]
-        index = history.index(entry)
-        if index > 0 and history[index - 1].superseded_by == message_id:
+        if self.replaced(entry) is not None:
             return "replaced", entry
         return "scheduled", entry
+
+    def replaced(self, generation: Generation) -> Generation | None:
+        """The generation ``generation`` took the place of (a ``replace`` publish), if any."""
+        for earlier in self.generations.get(generation.key, ()):
+            if earlier.superseded_by == generation.message_id:
+                return earlier
+        return None
 
     def status(self, message_id: str, now_ms: int) -> KeyStatus:
         """Where a keyed id stands: for a reschedule's or a cancel's answer."""
@@ -327,8 +364,8 @@ class KeyBook:
         cutoff = now_ms - margin_ms
         forgotten = 0
         for key, history in list(self.generations.items()):
-            keep = [g for g in history[:-1] if g.due_ms >= cutoff]
-            if history[-1].due_ms >= cutoff or keep:
+            keep = [g for g in history[:-1] if g.settles_ms >= cutoff]
+            if history[-1].settles_ms >= cutoff or keep:
                 keep.append(history[-1])
             for generation in history:
                 if generation not in keep:
@@ -344,9 +381,88 @@ class KeyBook:
                 del self.by_id[message_id]
                 forgotten += 1
         for message_id, move in list(self.moves.items()):
-            if move.due_ms < cutoff and message_id not in self.by_id:
+            # an earlier time: the old copies still come out at theirs, to be dropped
+            if move.settles_ms < cutoff and message_id not in self.by_id:
                 del self.moves[message_id]
         return forgotten
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        """The book as checkpoint entries (:mod:`.checkpoint`): each generation, oldest
+        first per key, then the losers and the moves; :meth:`restore` takes them back."""
+        for history in self.generations.values():
+            for g in history:
+                entry: dict[str, Any] = {
+                    "s": "gen",
+                    "key": g.key,
+                    "n": g.number,
+                    "id": g.message_id,
+                    "due": g.due_ms,
+                    "t": g.recorded_at_ms,
+                    "d": g.destination,
+                }
+                if g.cancelled:
+                    entry["x"] = True
+                if g.superseded_by is not None:
+                    entry["sup"] = g.superseded_by
+                if g.done:
+                    entry["done"] = True
+                if g.claims:
+                    entry["cl"] = [[due, w, c] for due, (w, c) in g.claims.items()]
+                if g.last_ms > g.due_ms:
+                    entry["last"] = g.last_ms
+                yield entry
+        for held in self.by_id.values():
+            if isinstance(held, Loser):
+                yield {
+                    "s": "lost",
+                    "key": held.key,
+                    "id": held.message_id,
+                    "w": held.winner_id,
+                    "wd": held.winner_due_ms,
+                    "due": held.due_ms,
+                }
+        for message_id, move in self.moves.items():
+            yield {
+                "s": "move",
+                "id": message_id,
+                "due": move.due_ms,
+                "old": sorted(move.old_due_ms),
+                "f": move.fresh_copy,
+            }
+
+    def restore(self, entry: Mapping[str, Any]) -> None:
+        """Take back one entry of :meth:`entries` (in their order)."""
+        kind = entry["s"]
+        if kind == "gen":
+            g = Generation(
+                str(entry["key"]),
+                int(entry["n"]),
+                str(entry["id"]),
+                int(entry["due"]),
+                int(entry["t"]),
+                str(entry.get("d", "")),
+                bool(entry.get("x", False)),
+                entry.get("sup"),
+                bool(entry.get("done", False)),
+                {int(due): (str(w), str(c)) for due, w, c in entry.get("cl", ())},
+                int(entry.get("last", entry["due"])),
+            )
+            self.generations.setdefault(g.key, []).append(g)
+            self.by_id[g.message_id] = g
+        elif kind == "lost":
+            loser = Loser(
+                str(entry["key"]),
+                str(entry["id"]),
+                str(entry["w"]),
+                int(entry["wd"]),
+                int(entry["due"]),
+            )
+            self.by_id[loser.message_id] = loser
+        elif kind == "move":
+            old = frozenset(int(due) for due in entry["old"])
+            self.moves[str(entry["id"])] = Move(int(entry["due"]), old, bool(entry["f"]))
 
     def __len__(self) -> int:
         return len(self.by_id)

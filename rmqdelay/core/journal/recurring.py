@@ -20,7 +20,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -120,6 +120,8 @@ class OccurrenceDecision:
     """The next occurrence to publish first (for ``run`` and ``skip``)."""
 
 
+_ENTRIES = frozenset(("sched", "switch", "removed"))
+"""The checkpoint entries of this book."""
 _HISTORY = 64
 """Occurrence times kept per schedule (for next/last in ``recurring list``)."""
 
@@ -248,6 +250,65 @@ class RecurringBook:
         if state == "paused":
             return OccurrenceDecision("skip", "paused", following)
         return OccurrenceDecision("run", "active", following)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        """The book as checkpoint entries (:mod:`.checkpoint`): each schedule, then the
+        latest pause or resume and the latest remove of each name."""
+        for schedule in self.schedules.values():
+            yield {
+                "s": "sched",
+                "name": schedule.name,
+                "d": schedule.destination,
+                "rule": schedule.rule.to_json(),
+                "chain": schedule.chain,
+                "st": schedule.state,
+                "sm": schedule.state_ms,
+                "occ": [[at, schedule.message_ids.get(at)] for at in sorted(schedule.occurrences)],
+            }
+        for name, (stamp, op) in self._switch.items():
+            yield {"s": "switch", "name": name, "t": stamp, "op": op}
+        for name, stamp in self._removed.items():
+            yield {"s": "removed", "name": name, "t": stamp}
+
+    def restore(self, entry: Mapping[str, Any]) -> None:
+        """Take back one entry of :meth:`entries` (a checkpoint's others are passed over)."""
+        kind = entry["s"]
+        if kind not in _ENTRIES:
+            return
+        name = str(entry["name"])
+        if kind == "sched":
+            schedule = RecurringSchedule(
+                name,
+                str(entry["d"]),
+                rule_of(entry["rule"]),
+                str(entry["chain"]),
+                entry["st"],
+                int(entry["sm"]),
+            )
+            for at, message_id in entry["occ"]:
+                schedule.occurrences.add(int(at))
+                if message_id is not None:
+                    schedule.message_ids[int(at)] = str(message_id)
+            self.schedules[name] = schedule
+        elif kind == "switch":
+            self._switch[name] = (int(entry["t"]), str(entry["op"]))
+        elif kind == "removed":
+            self._removed[name] = int(entry["t"])
+
+    def expire(self, now_ms: int, horizon_ms: int) -> None:
+        """Forget schedules removed more than ``horizon_ms`` ago (the longest delay and a
+        margin: no occurrence of theirs can come any more), and their stamps."""
+        cutoff = now_ms - horizon_ms
+        for name in [n for n, stamp in self._removed.items() if stamp < cutoff]:
+            schedule = self.schedules.get(name)
+            if schedule is not None and chain_ms(schedule.chain) > self._removed[name]:
+                del self._removed[name]  # a newer chain: the remove no longer speaks
+            elif schedule is None or self.effective(schedule)[0] == "removed":
+                self.schedules.pop(name, None)
+                self._switch.pop(name, None)
+                del self._removed[name]
 
     def counts(self) -> dict[str, int]:
         """Schedules by state, the removed ones left out (``status``, the gauge)."""

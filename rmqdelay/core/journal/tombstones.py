@@ -6,7 +6,9 @@ Pure: folding only.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .records import CANCEL_MARGIN_MS, JournalRecord
 
@@ -54,6 +56,13 @@ class Tombstones:
                 del self.due_ms[message_id]
             else:
                 self.due_ms[message_id] = rest[0] if len(rest) == 1 else rest
+
+    def restore(self, entry: Mapping[str, Any]) -> None:
+        """A checkpoint's tombstone entry (``"s": "tomb"``; :mod:`.checkpoint`); others
+        are not a worker's tombstones' concern."""
+        if entry["s"] == "tomb":
+            dues = tuple(sorted(int(due) for due in entry["due"]))
+            self.due_ms[str(entry["id"])] = dues[0] if len(dues) == 1 else dues
 
     def wants(self, line: bytes) -> bool:
         """Whether a journal line can change what is held: a tombstone, a marker, or a

@@ -15,7 +15,7 @@ Pure: folding only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import compress, islice
 from operator import attrgetter, eq
@@ -70,6 +70,13 @@ class ScheduleView:
     """Per id, the due times named by a tombstone and not recorded again since."""
     keys: KeyBook = field(default_factory=KeyBook)
     """Keys, generations, claims and moves (:mod:`.keys`): what hides a keyed copy."""
+    loaded: set[str] | None = None
+    """None: every copy is here. A set: the view began from a checkpoint whose copies
+    were taken for these ids alone (:meth:`load`); the copies the journal recorded after
+    the checkpoint are here for every id."""
+    deferred: dict[str, list[JournalRecord]] = field(default_factory=dict)
+    """Per id whose checkpoint copies are not here, the ``rescheduled`` records read
+    since: a move picks its copy among the id's copies, so it waits for :meth:`load`."""
     _by_id: dict[str, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def add(self, record: JournalRecord) -> None:
@@ -101,11 +108,64 @@ class ScheduleView:
     def _move(self, record: JournalRecord) -> None:
         """A reschedule: the id's named copies become one copy at the new due time."""
         message_id = record.message_id
+        if self.loaded is not None and message_id not in self.loaded:
+            self.deferred.setdefault(message_id, []).append(record)
+            return
         moved = [self.copies.pop((message_id, due), None) for due in record.cancels_due_ms]
         last = max((r for r in moved if r is not None), key=lambda r: r.due_at_ms, default=None)
         if last is not None and (message_id, record.due_at_ms) not in self.copies:
             self.copies[message_id, record.due_at_ms] = replace(last, due_at_ms=record.due_at_ms)
         self._by_id = None
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def load(self, message_ids: Iterable[str], copies: Iterable[JournalRecord]) -> None:
+        """Take a checkpoint's ``copies`` of ``message_ids`` (all it holds of them) into a
+        view that began from it: each where the journal did not record it again since,
+        then the moves read since, in order, as if they had been there all along."""
+        if self.loaded is None:
+            return
+        ids = set(message_ids) - self.loaded
+        self.loaded |= ids
+        for record in copies:
+            if record.message_id in ids:
+                self.copies.setdefault((record.message_id, record.due_at_ms), record)
+        self._by_id = None
+        for message_id in ids:
+            for move in self.deferred.pop(message_id, ()):
+                self._move(move)
+
+    def restore_copy(self, record: JournalRecord) -> None:
+        """One copy of a checkpoint, as it was folded (no key or cancel logic again)."""
+        self.copies[record.message_id, record.due_at_ms] = record
+        self._by_id = None
+
+    def entries(self) -> Iterator[dict[str, Any]]:
+        """The tombstones as checkpoint entries, then the key book's (:mod:`.checkpoint`);
+        the copies are a checkpoint section of their own."""
+        for message_id, dues in self.cancelled.items():
+            yield {"s": "tomb", "id": message_id, "due": sorted(dues)}
+        yield from self.keys.entries()
+
+    def restore(self, entry: Mapping[str, Any]) -> None:
+        """Take back one entry of :meth:`entries`."""
+        if entry["s"] == "tomb":
+            self.cancelled[str(entry["id"])] = {int(due) for due in entry["due"]}
+        else:
+            self.keys.restore(entry)
+
+    def expire(self, now_ms: int, margin_ms: int) -> None:
+        """Forget copies, tombstones, generations and moves due more than ``margin_ms``
+        before ``now_ms``: settled, never listed again, and past every worker's margin."""
+        cutoff = now_ms - margin_ms
+        for copy in [c for c in self.copies if c[1] < cutoff]:
+            del self.copies[copy]
+        self._by_id = None
+        for message_id, dues in list(self.cancelled.items()):
+            dues.difference_update([due for due in dues if due < cutoff])
+            if not dues:
+                del self.cancelled[message_id]
+        self.keys.expire(now_ms, margin_ms)
 
     def hidden(self, record: JournalRecord) -> bool:
         """Whether a keyed copy will not be handled: it lost to a pending message with its
