@@ -7,6 +7,7 @@ positions with the single digit 1, so a common delay such as 15 minutes is one h
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,11 +17,52 @@ from .durations import format_ms
 MAX_TTL_MS = 10 * 365 * 24 * 3600 * 1000
 """RabbitMQ refuses a TTL over ten years (3.11 and later)."""
 
-__all__ = ["DIGITS", "Layout", "Position", "Tier"]
+__all__ = [
+    "DEFAULT_JOURNAL_RETENTION",
+    "DIGITS",
+    "Layout",
+    "Position",
+    "Tier",
+    "parse_size",
+    "segment_bytes",
+]
 
 DIGITS = "0123456789abcdef"
 DEFAULT_MAX_DELAY_MS = 366 * 24 * 3600 * 1000
 _WORK_INFIX = ".work."
+DEFAULT_JOURNAL_RETENTION = 2 * 1024**3
+"""The journal's and its checkpoints' streams each keep this many bytes (2 GiB)."""
+MIN_JOURNAL_RETENTION = 64 * 1024**2
+"""Less could not hold a checkpoint and the tail after it at any useful scale."""
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_UNITS |= {"kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(value: object) -> int:
+    """A size in bytes, given as an int or as ``"2GiB"``, ``"500MB"``, ``"1.5GB"``."""
+    if isinstance(value, bool):
+        raise ConfigurationError(f"a size in bytes, such as '2GiB' or '500MB', not {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            raise ConfigurationError(f"a size in bytes, such as '2GiB' or '500MB', not {value!r}")
+        size = int(float(match[1]) * _UNITS[(match[2] or "").lower()])
+    if size < MIN_JOURNAL_RETENTION:
+        raise ConfigurationError(
+            f"journal_retention {size:,} bytes is under the least useful, "
+            f"{MIN_JOURNAL_RETENTION // 1024**2} MiB: it must hold the latest checkpoint "
+            "and the journal after it"
+        )
+    return size
+
+
+def segment_bytes(retention: int) -> int:
+    """A stream segment's size for a retention: an eighth of it, from 16 MiB to 500 MB
+    (RabbitMQ's own), so retention deletes old records in small steps."""
+    return max(16 * 1024**2, min(500_000_000, retention // 8))
 
 
 @dataclass(frozen=True)
@@ -66,6 +108,8 @@ class Layout:
     delivery_limit: int = 20
     journal: bool = True
     """Whether the schedule journal (a stream, :mod:`rmqdelay.core.journal`) is kept."""
+    journal_retention: int = DEFAULT_JOURNAL_RETENTION
+    """Bytes the journal's stream keeps, and its checkpoints' (``x-max-length-bytes``)."""
     leader_locator: str | None = "balanced"
     """``x-queue-leader-locator`` of quorum queues; None declares none."""
     quorum_group_size: int | None = None
@@ -114,6 +158,7 @@ class Layout:
         queue_type: Literal["quorum", "classic"] = "quorum",
         delivery_limit: int = 20,
         journal: bool = True,
+        journal_retention: int = DEFAULT_JOURNAL_RETENTION,
         leader_locator: str | None = "balanced",
         quorum_group_size: int | None = None,
     ) -> Layout:
@@ -192,6 +237,7 @@ class Layout:
             queue_type=queue_type,
             delivery_limit=delivery_limit,
             journal=journal,
+            journal_retention=parse_size(journal_retention),
             leader_locator=leader_locator,
             quorum_group_size=quorum_group_size,
         )

@@ -11,7 +11,11 @@ writes the public methods once over these flows; the pika and aio-pika publisher
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import socket
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -31,7 +35,8 @@ from . import clock, failures
 from .clock import ms_of_us
 from .durations import DurationLike, parse_duration_us
 from .frozen import make
-from .journal import flows as journal_flows
+from .journal import reading as journal_reading
+from .journal.checkpoint import Mark
 from .journal.key_flows import KeyFollower, key_answer, read_back
 from .journal.records import (
     RECORDS_PER_WRITE,
@@ -42,7 +47,8 @@ from .journal.records import (
 )
 from .journal.reschedule import RescheduleResult, plan_reschedule
 from .journal.steps import journal_properties
-from .journal.view_follow import ViewFollower, read_on, view_follower
+from .journal.view_follow import ViewFollower, load_copies, read_on, view_follower
+from .journal.writer import write as write_checkpoint
 from .layout import Layout
 from .messages import ATTEMPT, CARRIED, KEY, MessageProperties, clean_headers, encode_body
 from .outgoing import (
@@ -65,6 +71,10 @@ from .wire import encode_properties
 
 __all__ = ["KEY_MAX_CHARS", "PublisherCore", "check_key"]
 
+log = logging.getLogger("rmqdelay.publisher")
+CHECKPOINT_CHECK_MS = 5 * 60_000
+"""How often a publisher asks whether a checkpoint is due (see
+:meth:`PublisherCore.checkpoint_when_quiet`)."""
 _SEND_AGAIN = (ConfirmTimeoutError, PublisherClosedError)
 """Outcomes that leave a message's fate unknown because of the connection or its node."""
 _CARRIED = frozenset(CARRIED)
@@ -129,6 +139,9 @@ class PublisherCore:
         self._view_follower: ViewFollower | None = None
         self.read_back_timeout = 30.0
         """How long a keyed publish waits for the journal to give its record back."""
+        self._checkpoint_check_ms = 0
+        self.writer = f"publisher:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        """This publisher's name in a checkpoint it writes."""
 
     # ------------------------------------------------------------------ validation
 
@@ -327,10 +340,12 @@ class PublisherCore:
         if prepared.on_conflict is None:
             if isinstance(outcome, BaseException):
                 raise outcome
+            yield from self.checkpoint_when_quiet()
             return outcome
         (answered,) = yield from self._answer_keys([prepared], [outcome], markers)
         if isinstance(answered, BaseException):
             raise answered
+        yield from self.checkpoint_when_quiet()
         return answered
 
     def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> Flow[list[PublishResult]]:
@@ -357,7 +372,40 @@ class PublisherCore:
         prepared = ordered[:]
         for k, index in enumerate(order):
             prepared[index] = ordered[k]
+        yield from self.checkpoint_when_quiet()
         return gather_results(prepared, outcomes, order)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_when_quiet(self) -> Flow[None]:
+        """Publishers write checkpoints too, when nothing else does: at its first
+        publish, then every :data:`CHECKPOINT_CHECK_MS`, a publisher reads the checkpoint
+        stream's last message (one message), and writes a checkpoint when no writer
+        spoke for :data:`~.journal.checkpoint.QUIET_MS` (no worker, no dashboard runs).
+        So a journal that only publishers write to never grows past a checkpoint's reach
+        (its retention is by size: :mod:`.journal.checkpoint`). Best effort: a failure
+        is logged, and the publish it follows stands."""
+        now = clock.now_ms()
+        if not self.layout.journal or now < self._checkpoint_check_ms:
+            return
+        self._checkpoint_check_ms = now + CHECKPOINT_CHECK_MS
+        try:
+            found = yield from journal_reading.latest(self.layout, self.read_back_timeout)
+            if isinstance(found, Mark) and found.quiet(now):
+                written = yield from write_checkpoint(
+                    self.layout,
+                    writer=self.writer,
+                    timeout=max(self.read_back_timeout, 60.0),
+                    clock=clock.now_ms,
+                    due=lambda mark: mark is not None and mark.quiet(clock.now_ms()),
+                )
+                if written.pointer is not None:
+                    log.info(
+                        "no writer for a while: this publisher wrote checkpoint %s",
+                        written.pointer.id,
+                    )
+        except Exception as exc:  # the publish it follows stands: a later one tries again
+            log.warning("no checkpoint check or write after this publish: %s", exc)
 
     # ------------------------------------------------------------------ keys
 
@@ -395,7 +443,6 @@ class PublisherCore:
                 self.layout,
                 follower,
                 markers,
-                since_ms=clock.now_ms() - self.layout.max_delay_ms,
                 timeout=self.read_back_timeout,
                 what=what + (" was" if len(keyed) == 1 else " were"),
             )
@@ -433,6 +480,9 @@ class PublisherCore:
         follower = self._view_follower = view_follower(self.layout, self._view_follower)
         yield from read_on(self.layout, follower, timeout=timeout)
         view = follower.view
+        current = view.keys.current(target)  # the target may be a key
+        named = [target] if current is None else [target, current.message_id]
+        yield from load_copies(self.layout, follower, named, timeout=timeout)
         plan = plan_reschedule(view, target, new_due_ms, clock.now_ms())
         if plan.result.outcome == "needs body":
             raise failures.reschedule_needs_body(plan.result)
@@ -460,7 +510,7 @@ class PublisherCore:
             moved = tuple(d for d in record.cancels_due_ms if d != due)
             record = replace(record, due_at_ms=due, cancels_due_ms=moved)
             result = replace(result, due_at_ms=due)
-        yield from journal_flows.append(self.layout, [record])
+        yield from journal_reading.append(self.layout, [record])
         return result
 
     def _withdraw(self, failed: list[Prepared]) -> Flow[None]:
@@ -478,7 +528,7 @@ class PublisherCore:
             for p in failed
         ]
         try:
-            yield from journal_flows.append(self.layout, tombstones)
+            yield from journal_reading.append(self.layout, tombstones)
         except Exception:  # the publish's own error is the one to raise
             return
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
-from .journal.steps import Append, Follow, Read
+from .journal.steps import Append, Read
 from .outgoing import Prepared
 
 __all__ = [
@@ -60,7 +60,7 @@ class Failover:
     reason: str
 
 
-Step = CheckQueue | Send | Failover | Append | Read | Follow
+Step = CheckQueue | Send | Failover | Append | Read
 """What a flow asks of its adapter: a publish's steps, and the journal's
 (:mod:`.journal_steps`), so a publisher carries out both alike."""
 Flow = Generator[Step, Any, T]

@@ -13,13 +13,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .journal.records import journal_name, max_age
-from .layout import DIGITS, Layout
+from .journal.checkpoint import checkpoint_name
+from .journal.records import journal_name
+from .layout import DIGITS, Layout, segment_bytes
 from .routing import validate_destination
 
 __all__ = [
     "PARKING_DELIVERY_LIMIT",
     "PLACEMENT_ARGUMENTS",
+    "STREAM_RETENTION",
     "Binding",
     "Exchange",
     "KeptReason",
@@ -28,9 +30,11 @@ __all__ = [
     "build_topology",
     "kept_difference",
     "queue_arguments",
+    "retention_policy",
+    "stream_arguments",
 ]
 
-QueueRole = Literal["tier", "work", "parking", "journal", "inbox"]
+QueueRole = Literal["tier", "work", "parking", "journal", "checkpoints", "inbox"]
 ExchangeKind = Literal["topic", "fanout", "direct", "headers"]
 
 
@@ -87,7 +91,7 @@ on 3.10; the largest signed 32-bit value means the same on both.
 """
 
 
-KeptReason = Literal["placement", "delivery-limit"]
+KeptReason = Literal["placement", "delivery-limit", "retention"]
 
 
 def kept_difference(queue: Queue, argument: str, *, missing: bool) -> KeptReason | None:
@@ -97,12 +101,16 @@ def kept_difference(queue: Queue, argument: str, *, missing: bool) -> KeptReason
     the replicas went. The parking queue's delivery limit came later (rmqdelay 0.1
     declared none): a parking queue that has none (``missing``) is kept, and a policy
     gives it one (see the README's RabbitMQ versions); any other value still conflicts.
-    None: a real conflict.
+    The journal's retention was its age (``max_delay`` and an hour) before checkpoints:
+    such a stream is kept, and :func:`retention_policy` gives it its size. None: a real
+    conflict.
     """
     if argument in PLACEMENT_ARGUMENTS:
         return "placement"
     if queue.role == "parking" and argument == "x-delivery-limit" and missing:
         return "delivery-limit"
+    if queue.role in ("journal", "checkpoints") and argument in STREAM_RETENTION:
+        return "retention"
     return None
 
 
@@ -124,6 +132,35 @@ def queue_arguments(
             args["x-dead-letter-strategy"] = "at-least-once"
             args["x-overflow"] = "reject-publish"
     return args
+
+
+STREAM_RETENTION = ("x-max-length-bytes", "x-stream-max-segment-size-bytes", "x-max-age")
+"""A stream's retention arguments: one declared otherwise (the journal of rmqdelay before
+checkpoints kept ``x-max-age``) is kept, and a policy sets its retention."""
+
+
+def stream_arguments(layout: Layout) -> dict[str, Any]:
+    """The journal's and its checkpoints' streams: retention by size."""
+    retention = layout.journal_retention
+    return {
+        "x-queue-type": "stream",
+        "x-max-length-bytes": retention,
+        "x-stream-max-segment-size-bytes": segment_bytes(retention),
+    }
+
+
+def retention_policy(layout: Layout) -> tuple[str, str, dict[str, Any]]:
+    """The policy that gives streams declared before checkpoints their retention (a
+    stream's arguments cannot change; a policy's limit and the argument's, the lower
+    applies): its name, its pattern (the prefix's journal and checkpoint streams) and its
+    definition, for ``rabbitmqctl set_policy`` or the management API."""
+    retention = layout.journal_retention
+    pattern = "^" + journal_name(layout).replace(".", r"\.") + r"(\.checkpoints)?$"
+    definition = {
+        "max-length-bytes": retention,
+        "stream-max-segment-size-bytes": segment_bytes(retention),
+    }
+    return f"{layout.prefix}-journal-retention", pattern, definition
 
 
 def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology:
@@ -164,13 +201,17 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
         bindings.append(Binding(source.exchange, layout.delivery_exchange, "exchange", key))
 
     if layout.journal:
-        # a stream is replicated and append-only; a fanout of the same name leads to it,
-        # so that writing needs no permission on the default exchange
-        journal = journal_name(layout)
-        exchanges.append(Exchange(journal, "fanout"))
-        stream_args = {"x-queue-type": "stream", "x-max-age": max_age(layout)}
-        queues.append(Queue(journal, "journal", stream_args))
-        bindings.append(Binding(journal, journal, "queue", ""))
+        # streams are replicated and append-only; a fanout of the same name leads to each,
+        # so that writing needs no permission on the default exchange. Their retention is
+        # by size, never by age: RabbitMQ deletes old segments only as new records come,
+        # so what nothing writes to keeps its latest checkpoint however long it waits
+        for name, role in (
+            (journal_name(layout), "journal"),
+            (checkpoint_name(layout), "checkpoints"),
+        ):
+            exchanges.append(Exchange(name, "fanout"))
+            queues.append(Queue(name, role, stream_arguments(layout)))  # type: ignore[arg-type]
+            bindings.append(Binding(name, name, "queue", ""))
 
     for destination in dict.fromkeys(destinations):
         validate_destination(layout, destination)

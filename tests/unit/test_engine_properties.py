@@ -119,8 +119,12 @@ def test_topology_arguments_for_quorum() -> None:
     layout = config.layout
     topology = build_topology(config.layout, ["orders"])
     for queue in topology.queues:
-        if queue.role == "journal":  # the schedule journal is a stream, by design
-            assert queue.arguments == {"x-queue-type": "stream", "x-max-age": "2h"}
+        if queue.role in ("journal", "checkpoints"):  # streams, by design; kept by size
+            assert queue.arguments == {
+                "x-queue-type": "stream",
+                "x-max-length-bytes": 2 * 1024**3,
+                "x-stream-max-segment-size-bytes": 2 * 1024**3 // 8,
+            }
             continue
         assert queue.arguments["x-queue-type"] == "quorum"
         if queue.role in ("tier", "work"):
@@ -134,8 +138,11 @@ def test_topology_arguments_for_quorum() -> None:
     assert [p.max_digit for p in layout.positions] == [5, 15, 15, 15, 15]
     assert len([q for q in topology.queues if q.role == "tier"]) == 5 + 4 * 15
     assert [q.name for q in topology.queues if q.role == "journal"] == ["rmqdelay.schedule"]
+    assert [q.name for q in topology.queues if q.role == "checkpoints"] == [
+        "rmqdelay.schedule.checkpoints"
+    ]
     without = build_topology(config.model_copy(update={"schedule_journal": False}).layout, [])
-    assert not [q for q in without.queues if q.role == "journal"]
+    assert not [q for q in without.queues if q.role in ("journal", "checkpoints")]
 
 
 @settings(max_examples=300, deadline=None)

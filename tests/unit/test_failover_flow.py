@@ -13,6 +13,7 @@ from rmqdelay import (
     Settings,
     UnroutableError,
 )
+from rmqdelay.core.journal.steps import Read
 from rmqdelay.core.outgoing import Outcome, Prepared, PublishResult
 from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.steps import CheckQueue, Failover, Send, Steps
@@ -45,6 +46,8 @@ def _run(
                 answer = True
             elif isinstance(step, Failover):
                 answer = move
+            elif isinstance(step, Read):  # is a checkpoint due? no checkpoint stream here
+                answer = "missing"
             else:
                 assert isinstance(step, Send)
                 outcomes: list[Outcome] = []

@@ -7,13 +7,14 @@ which error to raise is here."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from rmqdelay import ConfigurationError, PublishError, Settings, TopologyError
+from rmqdelay.core.clock import ms_of_datetime
 from rmqdelay.core.journal import flows
-from rmqdelay.core.journal.flows import JournalFlow, UntilMarker
+from rmqdelay.core.journal.reading import Clock, JournalFlow, UntilMarker, append, run
 from rmqdelay.core.journal.records import (
     RECORDS_PER_WRITE,
     JournalRecord,
@@ -26,6 +27,7 @@ from rmqdelay.core.journal.steps import (
     JournalStep,
     Read,
     ReadEnd,
+    StreamMessage,
     stream_offset,
 )
 from rmqdelay.core.layout import Layout
@@ -34,6 +36,7 @@ from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.core.steps import CheckQueue, Send, Steps
 from rmqdelay.errors import JournalError
 
+T = TypeVar("T")
 NOW = 1_800_000_000_000
 MAX_DELAY_MS = 3_600_000
 
@@ -43,9 +46,11 @@ def _layout(journal: bool = True) -> Layout:
 
 
 class Stream:
-    """A journal stream in memory: ``(recorded at, body)`` per message, and every step
-    seen. ``missing`` answers as a broker without the stream does; ``silent_after``
-    stops handing messages over after that many (the stream gave nothing more)."""
+    """A journal stream in memory: ``(recorded at, body)`` per message (its offset its
+    index), and every step seen. ``missing`` answers as a broker without the stream
+    does; ``silent_after`` stops handing messages over after that many (the stream gave
+    nothing more). There is no checkpoint stream: the flows read as a journal of before
+    checkpoints is read (tests/unit/test_checkpoint_flows.py has both)."""
 
     def __init__(self, *, missing: bool = False, silent_after: int | None = None) -> None:
         self.messages: list[tuple[int, bytes]] = []
@@ -55,6 +60,8 @@ class Stream:
 
     def do(self, step: JournalStep) -> bool | ReadEnd:
         self.steps.append(step)
+        if step.stream.endswith(".checkpoints"):
+            return False if isinstance(step, Append) else "missing"
         if isinstance(step, Append):
             if self.missing:
                 return False
@@ -62,11 +69,22 @@ class Stream:
             return True
         if self.missing:
             return "missing"
-        handed = [body for at, body in self.messages if at >= step.since_ms]
-        for body in handed[: self.silent_after]:
-            if step.take(body):
+        start = step.start
+        since = ms_of_datetime(start) if isinstance(start, datetime) else 0
+        first = start if isinstance(start, int) else 0
+        handed = [
+            StreamMessage(offset, body, {})
+            for offset, (at, body) in enumerate(self.messages)
+            if offset >= first and at >= since
+        ]
+        for message in handed[: self.silent_after]:
+            if step.take(message):
                 return "done"
         return "silent"
+
+    def journal_steps(self) -> list[JournalStep]:
+        """The steps on the journal itself (the checkpoint stream's left out)."""
+        return [s for s in self.steps if not s.stream.endswith(".checkpoints")]
 
     def add(self, *records: JournalRecord, at: int = NOW) -> None:
         self.messages += [(at, encode_records([r])) for r in records]
@@ -75,11 +93,11 @@ class Stream:
         return [r for _, body in self.messages for r in decode_records(body)]
 
 
-def _run(stream: Stream, flow: JournalFlow[flows.T]) -> flows.T:
-    return flows.run(flow, stream.do)
+def _run(stream: Stream, flow: JournalFlow[T]) -> T:
+    return run(flow, stream.do)
 
 
-def _clock(*times: int) -> flows.Clock:
+def _clock(*times: int) -> Clock:
     """A clock that gives ``times`` in turn, then the last one for ever."""
     given = list(times)
     return lambda: given.pop(0) if len(given) > 1 else given[0]
@@ -104,7 +122,7 @@ def test_a_read_appends_its_marker_then_returns_every_record_before_it_in_order(
     [marker] = decode_records(append.writes[0].body)
     assert marker.kind == "marker" and append.writes[0].message_id == marker.message_id
     assert append.stream == read.stream == "flows.schedule"
-    assert read.since_ms == NOW - MAX_DELAY_MS  # the records of the last max_delay
+    assert read.start == stream_offset(NOW - MAX_DELAY_MS)  # the records of the last max_delay
 
 
 def test_a_read_stops_at_its_own_marker_and_reports_progress() -> None:
@@ -117,12 +135,14 @@ def test_a_read_stops_at_its_own_marker_and_reports_progress() -> None:
     assert len(found) == 2500 and later not in found
     assert seen == [1000, 2000]
     read = stream.steps[-1]
-    assert isinstance(read, Read) and read == Read("flows.schedule", 0, read.take, 30.0)
+    assert isinstance(read, Read)
+    assert read == Read("flows.schedule", stream_offset(0), read.take, 30.0)
 
 
 def test_the_offset_starts_a_second_early_as_amqp_timestamps_are_whole_seconds() -> None:
-    read = Read("s", 1_700_000_000_999, lambda _body: True, 1.0)
-    assert read.offset == datetime(2023, 11, 14, 22, 13, 19, tzinfo=timezone.utc)
+    assert stream_offset(1_700_000_000_999) == datetime(
+        2023, 11, 14, 22, 13, 19, tzinfo=timezone.utc
+    )
     assert stream_offset(0) == datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -142,7 +162,7 @@ def test_with_the_journal_off_no_step_is_taken_and_the_error_names_the_setting()
         flows.read(_layout(False)),
         flows.list_scheduled(_layout(False)),
         flows.cancel(_layout(False), ["x"]),
-        flows.append(_layout(False), [_scheduled("x", NOW)]),
+        append(_layout(False), [_scheduled("x", NOW)]),
         flows.probe(_layout(False)),
     ):
         stream = Stream()
@@ -167,11 +187,11 @@ def test_until_marker_goes_on_after_its_marker_for_a_tail() -> None:
 def test_an_append_writes_a_few_hundred_records_a_message() -> None:
     stream = Stream()
     records = [_scheduled(f"m{i}", NOW + i) for i in range(RECORDS_PER_WRITE * 2 + 1)]
-    _run(stream, flows.append(_layout(), records))
-    [append] = stream.steps
-    assert isinstance(append, Append)
-    assert [w.message_id for w in append.writes] == ["m0", f"m{RECORDS_PER_WRITE}", "m1000"]
-    assert append.writes[0].properties == {
+    _run(stream, append(_layout(), records))
+    [written] = stream.steps
+    assert isinstance(written, Append)
+    assert [w.message_id for w in written.writes] == ["m0", f"m{RECORDS_PER_WRITE}", "m1000"]
+    assert written.writes[0].properties == {
         "message_id": "m0",
         "type": JOURNAL_TYPE,
         "content_type": "application/json",
@@ -182,10 +202,10 @@ def test_an_append_writes_a_few_hundred_records_a_message() -> None:
 
 def test_an_append_of_nothing_takes_no_step_and_a_missing_stream_raises() -> None:
     stream = Stream()
-    _run(stream, flows.append(_layout(), []))
+    _run(stream, append(_layout(), []))
     assert stream.steps == []
     with pytest.raises(TopologyError, match="does not exist"):
-        _run(Stream(missing=True), flows.append(_layout(), [_scheduled("x", NOW)]))
+        _run(Stream(missing=True), append(_layout(), [_scheduled("x", NOW)]))
 
 
 def test_a_probe_appends_one_marker_that_readers_skip() -> None:
@@ -225,7 +245,7 @@ def test_list_takes_now_after_reading() -> None:
     """A long read: what fell due meanwhile is not listed."""
     stream = Stream()
     stream.add(_scheduled("soon", NOW + 1_000), _scheduled("later", NOW + 9_000))
-    clock = _clock(NOW, NOW, NOW + 5_000)  # the start, the marker, the fold
+    clock = _clock(NOW, NOW + 5_000)  # the marker (and where to start), the fold
     found = _run(stream, flows.list_scheduled(_layout(), clock=clock))
     assert [r.message_id for r in found] == ["later"]
 
@@ -259,7 +279,8 @@ def test_a_cancel_with_nothing_ahead_writes_nothing() -> None:
     stream.add(_scheduled("due", NOW - 1))
     [result] = _run(stream, flows.cancel(_layout(), ["due"], clock=lambda: NOW))
     assert result.outcome == "too late"
-    assert [type(s) for s in stream.steps] == [Append, Read]  # the marker, the read: no tombstone
+    # the latest checkpoint (none), the marker, the read: no tombstone
+    assert [type(s) for s in stream.journal_steps()] == [Append, Read]
 
 
 def test_a_cancel_whose_tombstone_finds_no_stream_raises() -> None:
@@ -269,12 +290,12 @@ def test_a_cancel_whose_tombstone_finds_no_stream_raises() -> None:
     flow = flows.cancel(_layout(), ["ahead"], clock=lambda: NOW)
 
     def gone_after_read(step: JournalStep) -> object:
-        if isinstance(step, Append) and stream.steps:
+        if isinstance(step, Append) and stream.journal_steps():
             stream.missing = True
         return stream.do(step)
 
     with pytest.raises(TopologyError, match="does not exist"):
-        flows.run(flow, gone_after_read)
+        run(flow, gone_after_read)
 
 
 # ------------------------------------------------------------------ a publish's record
@@ -291,6 +312,9 @@ def _publish(
         while (step := steps.next(answer)) is not None:
             if isinstance(step, CheckQueue):
                 answer = True
+                continue
+            if isinstance(step, Read):  # is a checkpoint due? no checkpoint stream here
+                answer = "missing"
                 continue
             assert isinstance(step, Send)
             outcomes: list[Outcome] = []

@@ -44,6 +44,9 @@ from .view import ScheduleView
 
 __all__ = [
     "CHECKPOINT_TYPE",
+    "COPIES",
+    "COPIES_AND_BODIES",
+    "CORE",
     "GENESIS",
     "HEADER",
     "HEARTBEAT_MS",
@@ -75,8 +78,12 @@ __all__ = [
 SETTLE_MS = 10 * 60_000
 """How long after its due time a copy, a tombstone or a key stays in a checkpoint: past
 a worker's margin for a late copy (one minute), a retry's re-record and clock skew."""
-SECTIONS: tuple[Section, ...] = ("core", "copies", "bodies")
 Section = Literal["core", "copies", "bodies"]
+SECTIONS: tuple[Section, ...] = ("core", "copies", "bodies")
+CORE: tuple[Section, ...] = ("core",)
+"""What a worker or a keyed publish reads of a checkpoint."""
+COPIES: tuple[Section, ...] = ("copies",)
+COPIES_AND_BODIES: tuple[Section, ...] = ("copies", "bodies")
 Part = Literal["begin", "core", "copies", "bodies", "commit", "alive", "genesis"]
 """What a checkpoint stream message is: a checkpoint's part, a writer's heartbeat
 (``alive``), or the first message ``topology apply`` writes (``genesis``)."""

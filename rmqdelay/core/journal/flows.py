@@ -1,142 +1,62 @@
-"""The schedule journal's reads and writes as flows, written once for every adapter.
+"""The schedule journal's calls as flows, written once for every adapter: ``scheduled
+list``, ``cancel``, a probe, a raw read.
 
-As a publish is (:mod:`.outgoing`), a journal call is a generator that yields the only
+As a publish is (:mod:`..outgoing`), a journal call is a generator that yields the only
 two things needing a broker, :class:`~.steps.Append` (append, confirmed) and
-:class:`~.steps.Read` (consume the stream from a time on until told to stop),
-and gets their answers back. What to read, when to stop, the cancel plan, the filters
-and every error are here; the pika and aio-pika adapters and the in-memory publisher
-only carry out the two steps. A reader cannot ask a stream where its end is, so
-:func:`read` appends a marker of its own first, and reads until it comes back.
+:class:`~.steps.Read` (consume a stream until told to stop), and gets their answers back.
+What to read, when to stop, the cancel plan, the filters and every error are here; the
+pika and aio-pika adapters and the in-memory publisher only carry out the two steps.
+Every call starts from the latest checkpoint and reads the journal after it
+(:mod:`.reading`), so it pays for what is pending and a bounded tail, never for what was
+delivered before.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from ...errors import JournalError
 from ..clock import now_ms
-from ..failures import journal_missing, journal_off
+from ..failures import journal_missing
 from ..layout import Layout
-from ..steps import Flow, run_flow
-from .records import (
-    RECORDS_PER_WRITE,
-    JournalRecord,
-    decode_lines,
-    decode_records,
-    encode_records,
-    journal_name,
+from .checkpoint import (
+    COPIES,
+    CORE,
+    GENESIS,
+    JournalState,
+    Mark,
+    Section,
+    decode_copies,
+    decode_entries,
 )
-from .steps import Append, JournalStep, JournalWrite, Read
+from .reading import (
+    Clock,
+    JournalFlow,
+    Sections,
+    UntilMarker,
+    append,
+    latest,
+    load,
+    load_ids,
+    new_marker,
+    read_sections,
+    read_tail,
+    require_journal,
+)
+from .records import JournalRecord
+from .steps import Read, stream_offset
 from .view import CancelResult, ScheduleView, plan_cancels
 
 __all__ = [
-    "PROGRESS_EVERY",
-    "JournalFlow",
-    "UntilMarker",
-    "append",
     "cancel",
     "list_scheduled",
-    "new_marker",
     "probe",
     "read",
     "read_view",
-    "require_journal",
-    "run",
     "scheduled_rows",
 ]
-
-T = TypeVar("T")
-Clock = Callable[[], int]
-"""Unix ms now: :func:`~rmqdelay.core.clock.now_ms`, or a test's own."""
-
-PROGRESS_EVERY = 1000
-"""A read reports its progress every this many records."""
-JournalFlow = Generator[JournalStep, Any, T]
-"""A journal call as steps for an adapter to carry out; its return value is the call's."""
-
-
-def run(flow: JournalFlow[T], do: Callable[[JournalStep], object]) -> T:
-    """Carry out a flow with ``do`` answering each step (a test's adapter)."""
-    return run_flow(cast("Flow[T]", flow), lambda step: do(cast(JournalStep, step)))
-
-
-class UntilMarker:
-    """What a reader makes of the stream's messages: every record in order to
-    ``on_record``, markers skipped, until its own marker (``marker_id``) comes back.
-
-    Called with each body; returns True for the body that held the marker, after which
-    it goes on taking records (a tail follows the journal past its marker).
-    """
-
-    def __init__(
-        self,
-        marker_id: str,
-        on_record: Callable[[JournalRecord], None],
-        progress: Callable[[int], None] | None = None,
-        wants: Callable[[bytes], bool] | None = None,
-        on_marker: Callable[[str], None] | None = None,
-    ) -> None:
-        self.marker_id = marker_id
-        self.on_record = on_record
-        self.progress = progress
-        self.wants = wants
-        """Lines it returns False for are counted, not decoded (see ``Tombstones.wants``)."""
-        self.on_marker = on_marker
-        """Told the id of every marker read, its own and others' (a reader that appends
-        markers of its own later, to know it has read to the end again)."""
-        self.count = 0
-        self.reached = False
-
-    def __call__(self, body: bytes) -> bool:
-        found = False
-        if self.wants is None:
-            records = decode_records(body)
-        else:
-            lines = body.split(b"\n")
-            kept = [line for line in lines if self.wants(line)]
-            self.count += len(lines) - len(kept)
-            records = decode_lines(kept)
-        on_record, progress = self.on_record, self.progress
-        for record in records:
-            if record.kind == "marker":
-                found = found or record.message_id == self.marker_id
-                if self.on_marker is not None:
-                    self.on_marker(record.message_id)
-                continue
-            self.count += 1
-            on_record(record)
-            if progress is not None and self.count % PROGRESS_EVERY == 0:
-                progress(self.count)
-        self.reached = self.reached or found
-        return found
-
-
-def require_journal(layout: Layout, what: str) -> str:
-    """The stream's name; a clear error when the settings turned the journal off."""
-    if not layout.journal:
-        raise journal_off(what)
-    return journal_name(layout)
-
-
-def new_marker(at_ms: int) -> JournalRecord:
-    """A marker record of a reader's own: readers skip every marker but theirs."""
-    return JournalRecord("marker", f"marker-{uuid.uuid4()}", recorded_at_ms=at_ms)
-
-
-def _writes(records: list[JournalRecord]) -> list[JournalWrite]:
-    """Records grouped into stream messages: one round trip for a cancel of many ids."""
-    chunks = [records[i : i + RECORDS_PER_WRITE] for i in range(0, len(records), RECORDS_PER_WRITE)]
-    return [JournalWrite(encode_records(chunk), chunk[0].message_id) for chunk in chunks]
-
-
-def append(layout: Layout, records: list[JournalRecord]) -> JournalFlow[None]:
-    """Append records, a few hundred to a write, every write confirmed."""
-    name = require_journal(layout, "writing to the schedule journal")
-    if records and not (yield Append(name, _writes(records))):
-        raise journal_missing(layout)
 
 
 def probe(layout: Layout, clock: Clock = now_ms) -> JournalFlow[None]:
@@ -144,28 +64,6 @@ def probe(layout: Layout, clock: Clock = now_ms) -> JournalFlow[None]:
     write once a majority of its replicas have it, which a node cut off from the
     cluster's majority cannot get, though it still accepts connections."""
     yield from append(layout, [new_marker(clock())])
-
-
-def _read_into(
-    layout: Layout,
-    on_record: Callable[[JournalRecord], None],
-    *,
-    since_ms: int | None,
-    timeout: float,
-    progress: Callable[[int], None] | None,
-    clock: Clock,
-) -> JournalFlow[None]:
-    """Every record from ``since_ms`` (default: now - max_delay) to now, in order, to
-    ``on_record``: append a marker, then read until it comes back."""
-    name = require_journal(layout, "reading the schedule")
-    start = clock() - layout.max_delay_ms if since_ms is None else since_ms
-    marker = new_marker(clock())
-    yield from append(layout, [marker])
-    end = yield Read(name, start, UntilMarker(marker.message_id, on_record, progress), timeout)
-    if end == "missing":
-        raise journal_missing(layout)
-    if end != "done":
-        raise JournalError(f"the stream {name!r} gave nothing for {timeout:g}s; try again")
 
 
 def read(
@@ -176,30 +74,30 @@ def read(
     progress: Callable[[int], None] | None = None,
     clock: Clock = now_ms,
 ) -> JournalFlow[list[JournalRecord]]:
-    """Every record from ``since_ms`` (default: now - max_delay) to now, in order."""
+    """Every record of the journal itself from ``since_ms`` (default: now - max_delay) to
+    now, in order, checkpoints left aside: what was written, for a test or a tool."""
+    name = require_journal(layout, "reading the schedule")
     records: list[JournalRecord] = []
-    yield from _read_into(
-        layout, records.append, since_ms=since_ms, timeout=timeout, progress=progress, clock=clock
-    )
+    now = clock()
+    marker = new_marker(now)
+    yield from append(layout, [marker])
+    until = UntilMarker(marker.message_id, records.append, progress)
+    start = now - layout.max_delay_ms if since_ms is None else since_ms
+    end = yield Read(name, stream_offset(start), lambda m: until(m.body), timeout)
+    if end == "missing":
+        raise journal_missing(layout)
+    if end != "done":
+        raise JournalError(f"the stream {name!r} gave nothing for {timeout:g}s; try again")
     return records
-
-
-def _view(
-    layout: Layout, timeout: float, progress: Callable[[int], None] | None, clock: Clock
-) -> JournalFlow[ScheduleView]:
-    """The journal read to its end and folded as it comes (no list of 100,000 records)."""
-    view = ScheduleView()
-    yield from _read_into(
-        layout, view.add, since_ms=None, timeout=timeout, progress=progress, clock=clock
-    )
-    return view
 
 
 def read_view(
     layout: Layout, *, timeout: float = 30.0, clock: Clock = now_ms
 ) -> JournalFlow[ScheduleView]:
-    """The journal read to its end and folded: copies, tombstones, keys and moves."""
-    return (yield from _view(layout, timeout, None, clock))
+    """The journal folded whole: every copy, tombstone, key and move (the checkpoint's
+    copies and the tail's)."""
+    loaded = yield from load(layout, copies=True, timeout=timeout, clock=clock)
+    return loaded.state.view
 
 
 def list_scheduled(
@@ -218,7 +116,7 @@ def list_scheduled(
 
     One id can wait as several copies, each its own record (a publish sent again after
     its confirm failed, a retry): each copy still ahead is listed, and a record that
-    came late hides none (:class:`~rmqdelay.core.journal.view.ScheduleView`).
+    came late hides none (:class:`~.view.ScheduleView`).
     """
     rows = yield from scheduled_rows(
         layout,
@@ -233,6 +131,11 @@ def list_scheduled(
     return [record for record, _generation in rows]
 
 
+FIRST_COPIES = 256
+"""A first page reads the checkpoint's copies until this many (or ``limit``, if more)
+match its filters, then four times as many each time the tail left too few."""
+
+
 def scheduled_rows(
     layout: Layout,
     *,
@@ -245,14 +148,109 @@ def scheduled_rows(
     key: str | None = None,
 ) -> JournalFlow[list[tuple[JournalRecord, int | None]]]:
     """:func:`list_scheduled`, each copy with its key's generation (None: no key), for
-    ``scheduled list``."""
-    view = yield from _view(layout, timeout, progress, clock)
+    ``scheduled list``.
+
+    With a ``limit``, the checkpoint's copies are read soonest first only as far as the
+    page needs (:func:`_first_pages`); without one, all of them."""
+    if limit is None:
+        loaded = yield from load(
+            layout, copies=True, timeout=timeout, clock=clock, progress=progress
+        )
+        view = loaded.state.view
+    else:
+        view = yield from _first_pages(
+            layout, limit, destination, due_before_ms, key, timeout, clock, progress
+        )
     found = view.pending(clock(), destination=destination, due_before_ms=due_before_ms)
     if key is not None:
         found = [r for r in found if r.key == key]
     if limit is not None:
         found = found[:limit]
     return [(r, None if r.key is None else _generation(view, r)) for r in found]
+
+
+def _first_pages(
+    layout: Layout,
+    limit: int,
+    destination: str | None,
+    due_before_ms: int | None,
+    key: str | None,
+    timeout: float,
+    clock: Clock,
+    progress: Callable[[int], None] | None,
+) -> JournalFlow[ScheduleView]:
+    """A view whose first ``limit`` pending copies are those of the whole journal.
+
+    The checkpoint's copies come soonest first: read up to a copy C, they hold every
+    copy before C. The tail (read first, kept) can cancel, hide or move some of those;
+    so the view is made of the core, the copies read and the tail, and answers when at
+    least ``limit`` pending copies come before C (or none is left to read); otherwise
+    four times as many copies are read, and the view made again."""
+    found = yield from latest(layout, timeout)
+    mark = found if isinstance(found, Mark) else None
+    pointer = mark.latest if mark is not None else GENESIS
+    core: list[dict[str, Any]] = []
+    copies: list[JournalRecord] = []
+    if pointer.complete:
+        yield from read_sections(
+            layout,
+            pointer,
+            lambda _s, body: core.extend(decode_entries(body)),
+            CORE,
+            timeout=timeout,
+        )
+    tail: list[JournalRecord] = []
+    yield from read_tail(
+        layout, pointer, tail.append, timeout=timeout, clock=clock, progress=progress
+    )
+    now = clock()
+
+    def matches(r: JournalRecord) -> bool:
+        return (
+            r.due_at_ms > now
+            and (destination is None or r.destination == destination)
+            and (due_before_ms is None or r.due_at_ms < due_before_ms)
+            and (key is None or r.key == key)
+        )
+
+    need = max(FIRST_COPIES, limit)
+    read: Sections | None = None
+    while True:
+        if pointer.complete and (read is None or not read.complete):
+            matching = [sum(matches(r) for r in copies)]
+
+            def take(_section: Section, body: bytes) -> None:
+                part = decode_copies(body)
+                copies.extend(part)
+                matching[0] += sum(matches(r) for r in part)  # noqa: B023
+
+            read = yield from read_sections(
+                layout,
+                pointer,
+                take,
+                COPIES,
+                timeout=timeout,
+                resume=read,
+                enough=lambda: matching[0] >= need,  # noqa: B023
+            )
+        state = JournalState()
+        for entry in core:
+            state.restore(entry)
+        for record in copies:
+            state.view.restore_copy(record)
+        for record in tail:
+            state.add(record)
+        if read is None or read.complete or not copies:
+            return state.view
+        last = (copies[-1].due_at_ms, copies[-1].message_id)
+        before = [
+            r
+            for r in state.view.pending(now, destination=destination, due_before_ms=due_before_ms)
+            if (r.due_at_ms, r.message_id) <= last and (key is None or r.key == key)
+        ]
+        if len(before) >= limit:
+            return state.view
+        need *= 4
 
 
 def _generation(view: ScheduleView, record: JournalRecord) -> int | None:
@@ -274,12 +272,15 @@ def cancel(
     already (no tombstone), ``unknown`` without a record (:func:`plan_cancels`).
 
     ``keys``: cancel the current message of each key (its latest generation), answered
-    after the ids, each result naming its key; a cancelled key is free again."""
+    after the ids, each result naming its key; a cancelled key is free again. The
+    checkpoint's copies are read for these ids alone."""
     ids = list(message_ids)
     keys = list(dict.fromkeys(keys))
-    view = yield from _view(layout, timeout, None, clock)
+    loaded = yield from load(layout, timeout=timeout, clock=clock)
+    view = loaded.state.view
     current = {key: view.keys.current(key) for key in keys}
     keyed = [g.message_id for g in current.values() if g is not None]
+    yield from load_ids(layout, loaded, [*ids, *keyed], timeout=timeout)
     results, tombstones = plan_cancels(view, [*ids, *keyed], clock())
     yield from append(layout, tombstones)
     by_id = {r.message_id: r for r in results}

@@ -5,10 +5,11 @@ or replaced is what the fold of every record up to its own says, the same for ev
 reader. So a keyed publish ends its journal write with a marker of its own, and once the
 write is confirmed, reads the journal until the marker comes back. The publisher keeps
 its :class:`KeyFollower` (the fold and the stream offset it has read to) and the adapter
-keeps the consumer open (:class:`~.steps.Follow`), so a second keyed publish
-reads only what was written since the first.
+keeps the consumer open (a :class:`~.steps.Read` with ``keep``), so a second keyed
+publish reads only what was written since the first. The first starts from the latest
+checkpoint's keys (:mod:`.checkpoint`), not from the journal's past.
 
-Pure: the adapters carry out the Follow step.
+Pure: the adapters carry out the steps.
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ from dataclasses import dataclass, field, replace
 
 from ...errors import JournalError
 from ..clock import now_ms
+from ..failures import journal_missing
 from ..layout import Layout
 from ..outgoing import Prepared, PublishResult
 from ..steps import Flow
+from .checkpoint import Pointer
 from .keys import Generation, KeyBook, Loser
-from .records import JournalRecord, decode_record
-from .steps import Follow
+from .reading import Clock, load_core
+from .records import JournalRecord, decode_record, journal_name
+from .steps import Read, Start, StreamMessage, stream_offset
 
-__all__ = ["KeyFollower", "key_answer", "keyed_line", "read_back"]
+__all__ = ["KEYS_READER", "KeyFollower", "key_answer", "keyed_line", "read_back"]
+
+KEYS_READER = "keys"
+"""The kept consumer of a publisher's keyed publishes (:class:`~.steps.Read` ``keep``)."""
 
 _SCHEDULED = b'"k":"scheduled"'
 _KEYED = b'"key":'
@@ -59,6 +66,8 @@ class KeyFollower:
     """Markers read back and not yet claimed by the publish that waits for them."""
     expired_at_ms: int = 0
     """When the fold last forgot what can no longer matter (a publisher lives long)."""
+    pointer: Pointer | None = None
+    """The checkpoint the fold started from (GENESIS: none); None before the first read."""
 
     def tidy(self, now_ms: int) -> None:
         """Forget keys long due, at most once every :data:`EXPIRE_EVERY_MS`."""
@@ -119,35 +128,44 @@ def read_back(
     follower: KeyFollower,
     markers: list[str],
     *,
-    since_ms: int,
     timeout: float,
     what: str,
+    clock: Clock = now_ms,
 ) -> Flow[None]:
     """Read the journal until every marker in ``markers`` came back.
 
-    ``since_ms``: where a first read starts (now - max_delay: every record that can
-    still matter). ``what`` names the messages for the error when the stream gives
-    nothing for ``timeout`` seconds.
+    A first read starts from the latest checkpoint (its keys restored into the fold,
+    the journal read from the offset it covers). ``what`` names the messages for the
+    error when the stream gives nothing for ``timeout`` seconds.
     """
-    from ..failures import journal_missing
-    from .records import journal_name
 
-    def take(offset: int, body: bytes) -> bool:
-        follower.take(offset, body)
+    def take(message: StreamMessage) -> bool:
+        follower.take(message.offset, message.body)
         return follower.reached(markers)
 
     try:
         if not follower.reached(markers):
+            if follower.pointer is None:
+                pointer, entries = yield from load_core(layout, timeout=timeout)
+                if follower.pointer is None:  # no concurrent read restored one first
+                    for entry in entries:
+                        follower.book.restore(entry)
+                    follower.pointer = pointer
+                    follower.next_offset = pointer.covers
             name = journal_name(layout)
-            step = Follow(
+            start: Start = (
+                follower.next_offset
+                if follower.next_offset is not None
+                else stream_offset(clock() - layout.max_delay_ms)
+            )
+            end = yield Read(
                 name,
-                since_ms,
-                follower.next_offset,
+                start,
                 take,
                 timeout,
-                lambda: follower.reached(markers),
+                keep=KEYS_READER,
+                reached=lambda: follower.reached(markers),
             )
-            end = yield step
             if end == "missing":
                 raise journal_missing(layout)
             if end != "done":
@@ -159,7 +177,7 @@ def read_back(
                 )
     finally:
         follower.forget(markers)
-    follower.tidy(now_ms())
+    follower.tidy(clock())
 
 
 def key_answer(book: KeyBook, prepared: Prepared, result: PublishResult) -> PublishResult:

@@ -388,6 +388,12 @@ class KeyBook:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def clear(self) -> None:
+        """Forget everything, for a fold begun again from a checkpoint."""
+        self.generations.clear()
+        self.by_id.clear()
+        self.moves.clear()
+
     def entries(self) -> Iterator[dict[str, Any]]:
         """The book as checkpoint entries (:mod:`.checkpoint`): each generation, oldest
         first per key, then the losers and the moves; :meth:`restore` takes them back."""

@@ -65,10 +65,9 @@ def journal_name(layout: Layout) -> str:
 
 
 def max_age(layout: Layout) -> str:
-    """The stream's ``x-max-age``: just over the longest delay, in whole hours.
-
-    A record is useless once its message is due; one hour over ``max_delay`` leaves room
-    for retries of a message published at the limit and for clock skew.
+    """The ``x-max-age`` the journal was declared with before checkpoints: just over the
+    longest delay, in whole hours. A journal of then is kept as it was, and a policy
+    gives it its retention by size (:func:`rmqdelay.core.topology.retention_policy`).
     """
     hours = math.ceil(layout.max_delay_ms / 3_600_000) + 1
     return f"{hours}h"

@@ -253,6 +253,12 @@ class RecurringBook:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def clear(self) -> None:
+        """Forget everything, for a fold begun again from a checkpoint."""
+        self.schedules.clear()
+        self._switch.clear()
+        self._removed.clear()
+
     def entries(self) -> Iterator[dict[str, Any]]:
         """The book as checkpoint entries (:mod:`.checkpoint`): each schedule, then the
         latest pause or resume and the latest remove of each name."""

@@ -18,7 +18,7 @@ from ..durations import DurationLike, format_ms
 from ..outgoing import PublishOptions
 from ..publisher_core import PublisherCore
 from ..routing import validate_destination
-from .flows import _read_into, append, require_journal
+from .reading import append, load, load_ids, require_journal
 from .records import JournalRecord
 from .recurring import RecurringBook, RecurringResult, RecurringSchedule, control_record
 from .rules import (
@@ -40,17 +40,16 @@ AnyFlow = Generator[Any, Any, Any]
 
 
 def _read(
-    layout: Any, timeout: float, clock: Clock
+    layout: Any, timeout: float, clock: Clock, name: str | None = None
 ) -> Generator[Any, Any, tuple[RecurringBook, ScheduleView]]:
-    """The journal to its end, folded for schedules and for what is pending."""
-    book = RecurringBook()
-    view = ScheduleView()
-
-    def both(record: JournalRecord) -> None:
-        book.add(record)
-        view.add(record)
-
-    yield from _read_into(layout, both, since_ms=None, timeout=timeout, progress=None, clock=clock)
+    """The journal to its end (the latest checkpoint and the tail after it), folded for
+    schedules and for what is pending; with ``name``, that schedule's occurrences'
+    copies taken from the checkpoint too (:func:`_pending_of` asks for them)."""
+    loaded = yield from load(layout, timeout=timeout, clock=clock)
+    book, view = loaded.state.recurring, loaded.state.view
+    schedule = book.schedules.get(name) if name is not None else None
+    if schedule is not None:
+        yield from load_ids(layout, loaded, schedule.message_ids.values(), timeout=timeout)
     return book, view
 
 
@@ -116,7 +115,7 @@ def add(
             f"{rule.describe()}: occurrences up to {format_ms(gap)} apart, longer than the "
             f"longest delay ({format_ms(layout.max_delay_ms)}); raise max_delay or fire more often"
         )
-    book, view = yield from _read(layout, timeout, clock)
+    book, view = yield from _read(layout, timeout, clock, name)
     known = book.schedules.get(name)
     state: State = "active"
     stamp = now
@@ -163,7 +162,7 @@ def switch(
     pending occurrence. ``unknown`` when the journal knows of no such schedule."""
     require_journal(layout, "recurring schedules")
     validate_name(name)
-    book, view = yield from _read(layout, timeout, clock)
+    book, view = yield from _read(layout, timeout, clock, name)
     known = book.schedules.get(name)
     if known is None or book.effective(known)[0] == "removed":
         return RecurringResult(name, "unknown")

@@ -57,6 +57,10 @@ class Tombstones:
             else:
                 self.due_ms[message_id] = rest[0] if len(rest) == 1 else rest
 
+    def clear(self) -> None:
+        """Forget everything, for a fold begun again from a checkpoint."""
+        self.due_ms.clear()
+
     def restore(self, entry: Mapping[str, Any]) -> None:
         """A checkpoint's tombstone entry (``"s": "tomb"``; :mod:`.checkpoint`); others
         are not a worker's tombstones' concern."""

@@ -1,19 +1,20 @@
 """A publisher's folded view of the journal, kept between reschedules and read on.
 
-A reschedule decides on the whole journal (was the message handled, cancelled, moved,
-replaced under its key?), and reading it whole each time cost every call the journal's
-length: 400 reschedules on a journal of a few thousand records took 45-104 s under
-CI's load. The publisher keeps the fold (:class:`~.view.ScheduleView`) and the stream
-offset it has read to, and each reschedule appends its marker and reads only what came
-since, on a consumer the adapter keeps open (:class:`~.steps.Follow`, reader
-``view``). A fold older than ``max_delay`` is dropped and read again from the stream, so
-it holds what a whole read would, never more than two windows of the journal.
+A reschedule decides on the whole schedule (was the message handled, cancelled, moved,
+replaced under its key?). The publisher keeps a fold: the latest checkpoint's core
+(tombstones, keys, moves) and the journal after it, followed on a consumer the adapter
+keeps open (a :class:`~.steps.Read` with ``keep``: reader ``view``); each reschedule
+appends its marker and reads only what came since, then takes the checkpoint's copies
+of the message it moves (:func:`load_copies`; the view keeps them). A fold older than
+:data:`REBUILD_MS` starts again from the latest checkpoint, so what it holds stays the
+state and a short tail, however long the publisher lives.
 
 Pure: the adapters carry out the steps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ...errors import JournalError
@@ -21,15 +22,18 @@ from ..clock import now_ms
 from ..failures import journal_missing
 from ..layout import Layout
 from ..steps import Flow
-from .flows import Clock, append, new_marker
+from .checkpoint import COPIES_AND_BODIES, JournalState, Pointer, Restorer
+from .reading import Clock, append, load_core, new_marker, read_sections
 from .records import decode_records, journal_name
-from .steps import Follow
+from .steps import Read, Start, StreamMessage, stream_offset
 from .view import ScheduleView
 
-__all__ = ["ViewFollower", "read_on", "view_follower"]
+__all__ = ["REBUILD_MS", "VIEW_READER", "ViewFollower", "load_copies", "read_on", "view_follower"]
 
 VIEW_READER = "view"
-"""The Follow steps' reader: a consumer of its own, apart from the keyed publishes'."""
+"""The reschedules' kept consumer, apart from the keyed publishes'."""
+REBUILD_MS = 10 * 60_000
+"""A fold this old starts again from the latest checkpoint."""
 
 
 @dataclass
@@ -37,8 +41,9 @@ class ViewFollower:
     """The journal folded as far as this publisher has read it, and where it stands."""
 
     started_ms: int
-    """When the fold began: it read from ``started_ms - max_delay``."""
     view: ScheduleView = field(default_factory=ScheduleView)
+    pointer: Pointer | None = None
+    """The checkpoint the fold started from; None before the first read."""
     next_offset: int | None = None
     """The offset of the first stream message not folded yet; None before the first."""
     expected: set[str] = field(default_factory=set)
@@ -64,10 +69,10 @@ def view_follower(
     layout: Layout, follower: ViewFollower | None, clock: Clock = now_ms
 ) -> ViewFollower:
     """``follower`` to read on, or a new one when there is none or it is older than
-    ``max_delay``. Concurrent calls (asyncio) must share the one this returns before
+    :data:`REBUILD_MS`. Concurrent calls (asyncio) must share the one this returns before
     they read: each feeds every reader's markers into it (:func:`read_on`)."""
     now = clock()
-    if follower is None or now - follower.started_ms > layout.max_delay_ms:
+    if follower is None or now - follower.started_ms > REBUILD_MS:
         follower = ViewFollower(started_ms=now)
     return follower
 
@@ -79,7 +84,17 @@ def read_on(
     timeout: float,
     clock: Clock = now_ms,
 ) -> Flow[ViewFollower]:
-    """The follower read on to the journal's end (a marker of its own, appended now)."""
+    """The follower read on to the journal's end (a marker of its own, appended now);
+    a new one first takes the latest checkpoint's core."""
+    if follower.pointer is None:
+        pointer, entries = yield from load_core(layout, timeout=timeout)
+        if follower.pointer is None:  # no concurrent call restored one first
+            if pointer.complete:
+                follower.view.loaded = set()
+            for entry in entries:
+                follower.view.restore(entry)
+            follower.pointer = pointer
+            follower.next_offset = pointer.covers
     now = clock()
     record = new_marker(now)
     marker = record.message_id
@@ -88,18 +103,17 @@ def read_on(
     try:
         yield from append(layout, [record])
 
-        def take(offset: int, body: bytes) -> bool:
-            follower.take(offset, body)
+        def take(message: StreamMessage) -> bool:
+            follower.take(message.offset, message.body)
             return marker in follower.seen
 
-        end = yield Follow(
-            name,
-            follower.started_ms - layout.max_delay_ms,
-            follower.next_offset,
-            take,
-            timeout,
-            lambda: marker in follower.seen,
-            reader=VIEW_READER,
+        start: Start = (
+            follower.next_offset
+            if follower.next_offset is not None
+            else stream_offset(now - layout.max_delay_ms)
+        )
+        end = yield Read(
+            name, start, take, timeout, keep=VIEW_READER, reached=lambda: marker in follower.seen
         )
     finally:
         follower.expected.discard(marker)
@@ -109,3 +123,19 @@ def read_on(
     if end != "done":
         raise JournalError(f"the stream {name!r} gave nothing for {timeout:g}s; try again")
     return follower
+
+
+def load_copies(
+    layout: Layout, follower: ViewFollower, message_ids: Iterable[str], *, timeout: float
+) -> Flow[None]:
+    """Take the checkpoint's copies (and bodies) of ``message_ids`` into the view, once."""
+    view, pointer = follower.view, follower.pointer
+    if view.loaded is None or pointer is None:
+        return
+    wanted = set(message_ids) - view.loaded
+    if not wanted:
+        return
+    found = JournalState()
+    restorer = Restorer(found, ids=wanted)
+    yield from read_sections(layout, pointer, restorer.take, COPIES_AND_BODIES, timeout=timeout)
+    view.load(wanted, found.view.copies.values())
