@@ -28,7 +28,7 @@ from pydantic_settings import (
 )
 
 from .core.durations import format_ms
-from .core.layout import Layout
+from .core.layout import DEFAULT_JOURNAL_RETENTION, Layout, parse_size
 from .errors import ConfigurationError
 from .settings_light import (
     check_amqp_urls,
@@ -107,6 +107,8 @@ ManagementUrls = Annotated[SecretUrl | None, BeforeValidator(_joiner("management
 
 Milliseconds = Annotated[int, BeforeValidator(to_ms)]
 """Whole milliseconds, given as ``"10ms"``, seconds, or a timedelta."""
+Bytes = Annotated[int, BeforeValidator(parse_size)]
+"""A size in bytes, given as an int or ``"2GiB"``, ``"500MB"``."""
 _TEN_MS: Any = "10ms"
 
 
@@ -149,6 +151,10 @@ class Settings(BaseSettings):
     ``scheduled list`` and ``cancel``; off saves one small write per publish."""
     journal_bodies: bool = False
     """Keep each message's body in its journal record too (the journal grows with them)."""
+    journal_retention: Bytes = DEFAULT_JOURNAL_RETENTION
+    """Bytes the journal's stream keeps, and its checkpoints' stream too (``2GiB``,
+    ``500MB``): the state as of the latest checkpoint, and the records since. Old
+    records are deleted as new ones are written, never while nothing writes."""
     destinations: list[str] = Field(default_factory=list)
     max_destination_length: int = Field(100, ge=1)
     confirm_timeout: float = Field(30.0, gt=0)
@@ -170,6 +176,9 @@ class Settings(BaseSettings):
     """HTTP basic authentication for the dashboard, with ``dashboard_user``."""
     dashboard_read_only: bool = False
     """The dashboard shows and refuses every action (cancel, replay, pause, ...)."""
+    dashboard_state: Path | None = None
+    """The file the dashboard keeps the schedule in (SQLite), so a restart reads only the
+    journal since; default: ``~/.cache/rmqdelay/dashboard-<prefix>-<broker>.sqlite3``."""
     dashboard_worker_metrics: list[str] = Field(default_factory=list)
     """Workers' Prometheus metrics URLs (``rmqdelay worker --metrics-port``): the
     dashboard's overview shows their liveness and lateness; none: not shown."""

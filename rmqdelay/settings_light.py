@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from .core.durations import parse_duration_us
-from .core.layout import Layout
-from .errors import DelayError
+from .core.layout import DEFAULT_JOURNAL_RETENTION, Layout, parse_size
+from .errors import ConfigurationError, DelayError
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -250,6 +250,8 @@ class _LayoutFields(Protocol):
     @property
     def schedule_journal(self) -> bool: ...
     @property
+    def journal_retention(self) -> int: ...
+    @property
     def queue_leader_locator(self) -> Literal["balanced", "client-local", "none"]: ...
     @property
     def quorum_group_size(self) -> int | None: ...
@@ -268,6 +270,7 @@ def layout_of(s: _LayoutFields) -> Layout:
         queue_type=s.queue_type,
         delivery_limit=s.delivery_limit,
         journal=s.schedule_journal,
+        journal_retention=s.journal_retention,
         leader_locator=None if s.queue_leader_locator == "none" else s.queue_leader_locator,
         quorum_group_size=s.quorum_group_size,
     )
@@ -294,6 +297,7 @@ class LightSettings:
     quorum_group_size: int | None = None
     schedule_journal: bool = True
     journal_bodies: bool = False
+    journal_retention: int = DEFAULT_JOURNAL_RETENTION
     destinations: tuple[str, ...] = ()
     max_destination_length: int = 100
     confirm_timeout: float = 30.0
@@ -391,6 +395,13 @@ def _read(name: str, value: Any) -> Any:
         if type(value) is str and value in _BOOLS:
             return _BOOLS[value]
         raise _NotPlain
+    if name == "journal_retention":
+        if type(value) not in (str, int):
+            raise _NotPlain
+        try:
+            return parse_size(value)
+        except ConfigurationError:
+            raise _NotPlain from None  # the model says what is wrong
     if name == "confirm_timeout":
         if type(value) in (int, float) and value > 0:
             return float(value)

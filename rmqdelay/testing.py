@@ -24,10 +24,11 @@ from .amqp.recurring_api import RecurringFlows, RecurringMethods
 from .core import clock, failures
 from .core.durations import DurationLike, parse_duration_us
 from .core.journal import flows as journal_flows
+from .core.journal.checkpoint import checkpoint_name
 from .core.journal.records import JournalRecord, decode_records, encode_records, journal_name
 from .core.journal.recurring import RecurringResult, RecurringSchedule
 from .core.journal.reschedule import RescheduleResult
-from .core.journal.steps import Append, Follow, Read, ReadEnd
+from .core.journal.steps import Append, Read, ReadEnd, StreamMessage
 from .core.journal.view import CancelResult
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
@@ -97,6 +98,11 @@ class _Broker:
     removed: set[str] = field(default_factory=set)
     sent: list[SentMessage] = field(default_factory=list)
     journal: list[JournalRecord] = field(default_factory=list)
+    """The journal stream, one record a message (a message's offset is its index)."""
+    checkpoints: list[StreamMessage] = field(default_factory=list)
+    """The checkpoint stream (``topology apply`` writes its first message)."""
+    positions: dict[str, int] = field(default_factory=dict)
+    """Where each kept reader (a Read's ``keep``) stands."""
     rules: list[_Rule] = field(default_factory=list)
 
 
@@ -246,42 +252,56 @@ class _Memory:
             return self._append(step)
         if isinstance(step, Read):
             return self._read(step)
-        if isinstance(step, Follow):
-            return self._follow(step)
         return [self._send(prepared) for prepared in step.batch]
 
     def _append(self, step: Append) -> bool:
         if not self._broker.journal_exists:
             return False
+        if step.stream == checkpoint_name(self.core.layout):
+            for write in step.writes:
+                offset = len(self._broker.checkpoints)
+                self._broker.checkpoints.append(StreamMessage(offset, write.body, write.headers))
+            return True
         for write in step.writes:
             self._broker.journal.extend(decode_records(write.body))
         return True
 
-    def _read(self, step: Read) -> ReadEnd:
-        """The whole stream, one record a message, as a reader sees it (records carry the
-        wall clock's time, not :meth:`advance`'s, so no offset filters them)."""
-        if not self._broker.journal_exists:
-            return "missing"
-        for record in list(self._broker.journal):
-            if step.take(encode_records([record])):
-                return "done"
-        return "silent"
+    def _stream(self, name: str) -> list[StreamMessage] | None:
+        """A stream's messages, as a consumer would get them (records carry the wall
+        clock's time, not :meth:`advance`'s, so a read from a time reads them all)."""
+        broker = self._broker
+        if not broker.journal_exists:
+            return None
+        if name == checkpoint_name(self.core.layout):
+            return broker.checkpoints
+        return [StreamMessage(i, encode_records([r]), {}) for i, r in enumerate(broker.journal)]
 
-    def _follow(self, step: Follow) -> ReadEnd:
-        """The records from where the follower stopped, one a message, each record's
-        index its stream offset (markers included, as in a stream)."""
-        if not self._broker.journal_exists:
+    def _read(self, step: Read) -> ReadEnd:
+        """From ``start`` (a time reads from the first), or where a kept reader stands."""
+        messages = self._stream(step.stream)
+        if messages is None:
             return "missing"
         if step.reached():
             return "done"
-        journal = self._broker.journal
-        for offset in range(step.next_offset or 0, len(journal)):
-            if step.take(offset, encode_records([journal[offset]])):
+        start = step.start
+        first = 0
+        if start == "last":
+            first = max(0, len(messages) - 1)
+        elif isinstance(start, int):
+            first = start
+        if step.keep is not None:
+            kept = self._broker.positions.get(step.keep)
+            if kept is not None and not (isinstance(start, int) and start > kept):
+                first = kept
+        for message in messages[first:]:
+            if step.keep is not None:
+                self._broker.positions[step.keep] = message.offset + 1
+            if step.take(message):
                 return "done"
         return "silent"
 
     def _exists(self, queue: str) -> bool:
-        if queue == journal_name(self.core.layout):
+        if queue in (journal_name(self.core.layout), checkpoint_name(self.core.layout)):
             return self._broker.journal_exists
         broker, layout = self._broker, self.core.layout
         if any(layout.work_queue(d) == queue for d in broker.removed):

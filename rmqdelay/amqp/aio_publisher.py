@@ -21,7 +21,7 @@ from pamqp.commands import Basic
 from ..core.durations import DurationLike
 from ..core.journal.records import JournalRecord
 from ..core.journal.reschedule import RescheduleResult
-from ..core.journal.steps import Follow
+from ..core.journal.steps import Read
 from ..core.journal.view import CancelResult
 from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
 from ..core.steps import CheckQueue, Failover, Flow, Send, Step, Steps
@@ -29,10 +29,10 @@ from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
 from .connections import connect_async
 from .journal import journal_step_async
-from .journal_follow import AsyncFollower
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 from .recurring_api import AsyncRecurringMethods
+from .streams import AsyncStream
 
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 
@@ -110,7 +110,7 @@ class AsyncPublisher(
     _channel: AbstractChannel | None = None
     _opening: asyncio.Lock | None = None
     _watched: AbstractConnection | None = None
-    _followers: dict[str, AsyncFollower] | None = None
+    _followers: dict[str, AsyncStream] | None = None
 
     async def connect(self) -> AsyncPublisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -261,11 +261,11 @@ class AsyncPublisher(
             return await self._failover(step.reason)
         if isinstance(step, Send):
             return await self._send(step.batch)
-        if isinstance(step, Follow):
+        if isinstance(step, Read) and step.keep is not None:
             if self._followers is None:
                 self._followers = {}
-            follower = self._followers.setdefault(step.reader, AsyncFollower())
-            return await follower.follow(await self._live_connection(), step)
+            follower = self._followers.setdefault(step.keep, AsyncStream())
+            return await follower.read(await self._live_connection(), step)
         return await journal_step_async(await self._live_connection(), step)
 
     async def _failover(self, reason: str) -> bool:

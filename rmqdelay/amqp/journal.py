@@ -1,10 +1,10 @@
-"""The schedule journal's two steps carried out on pika and on aio-pika, and its tail.
+"""The journal's two steps carried out on pika and on aio-pika, and a worker's tail.
 
-What to read and write, and what it means, is :mod:`rmqdelay.core.journal.flows`: here
-are only :class:`~rmqdelay.core.journal.flows.Append` (publish on a confirm channel) and
-:class:`~rmqdelay.core.journal.flows.Read` (consume a stream from a timestamp offset,
-with manual acks and a prefetch, as RabbitMQ requires for streams), once per client, and
-:class:`JournalTail`, which follows the journal for a worker.
+What to read and write, and what it means, is :mod:`rmqdelay.core.journal`: here are only
+:class:`~rmqdelay.core.journal.steps.Append` (publish on a confirm channel) and
+:class:`~rmqdelay.core.journal.steps.Read` (a stream consumer, :mod:`.streams`), once
+per client, :class:`JournalWriter` (a worker's claims and ``done`` records) and
+:class:`JournalTail`, which follows the journal for a worker from its latest checkpoint.
 
 aio-pika and aiormq are imported by the asyncio functions that use them: the sync side
 (``rmqdelay publish``, ``cancel``, ``scheduled list``) does without them, and they cost
@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
+from collections import deque
 from collections.abc import Callable
-from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar, cast
 
 import pika
@@ -25,15 +24,16 @@ import pika.exceptions
 
 from ..core.clock import now_ms
 from ..core.failures import journal_missing
-from ..core.journal import flows
-from ..core.journal.flows import JournalFlow, UntilMarker
+from ..core.journal import reading
+from ..core.journal.reading import JournalFlow, UntilMarker
 from ..core.journal.records import JournalRecord
-from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, stream_offset
+from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, Start, StreamMessage
 from ..core.layout import Layout
 from ..core.steps import Steps
 from ..settings_light import BrokerSettings
 from .blocking import close_connection
 from .connections import connect_blocking
+from .streams import PREFETCH, AsyncStream, Readers, offset_of
 
 if TYPE_CHECKING:
     from aio_pika.abc import (
@@ -43,24 +43,23 @@ if TYPE_CHECKING:
         AbstractIncomingMessage,
     )
 
+    from ..core.journal.checkpoint import Mark
+    from ..core.journal.writer import Written
+
 __all__ = [
     "JournalTail",
     "JournalWriter",
     "append_records",
     "journal_step_async",
     "read_once",
-    "read_stream",
     "run_journal",
     "run_journal_async",
     "stream_end",
+    "write_checkpoint",
     "write_probe",
 ]
 
 T = TypeVar("T")
-_PREFETCH = 2000
-_ACK_EVERY = 500
-LIVE_ACK_S = 0.1
-"""A live tail acks what it read within this long (see ``_Stream``)."""
 
 
 # ------------------------------------------------------------------ sync (pika)
@@ -71,27 +70,26 @@ def run_journal(
     connection: pika.BlockingConnection,
     open_reader: Callable[[], pika.BlockingConnection],
 ) -> T:
-    """Carry out a journal flow: appends on ``connection``, reads on a connection of
-    their own from ``open_reader``, closed after each read.
-
-    pika cancels a consumer by rejecting what it still buffers, and a stream answers a
-    reject by closing the whole connection; closing the reader's own connection rejects
-    nothing.
-    """
+    """Carry out a journal flow: appends on ``connection``, reads on one connection from
+    ``open_reader`` kept for the flow and closed after it (:class:`~.streams.Readers`)."""
+    readers = Readers(open_reader)
 
     def do(step: JournalStep) -> object:
         if isinstance(step, Append):
             return append_records(connection, step)
-        return read_stream(open_reader(), step)
+        return readers.read(step)
 
-    return flows.run(flow, do)
+    try:
+        return reading.run(flow, do)
+    finally:
+        readers.close()
 
 
 def read_once(settings: BrokerSettings, flow: JournalFlow[T]) -> T:
-    """Carry out a flow that reads the journal once, as its last step (``scheduled
-    list``: its marker appended, then the journal read to it), on one connection of its
-    own: a publisher's connection and channel, and a reader's second connection, cost
-    ``scheduled list`` three round trips and a handshake more. The read closes it."""
+    """Carry out a flow that ends by reading the journal (``scheduled list``, ``cancel``)
+    on one connection of its own, its appends and its reads alike (a publisher's
+    connection and a reader's second one cost a command a handshake more); closed
+    after."""
     connection = connect_blocking(settings, "journal")
     try:
         return run_journal(flow, connection, lambda: connection)
@@ -117,46 +115,6 @@ def append_records(connection: pika.BlockingConnection, step: Append) -> bool:
         if channel.is_open:
             channel.close()
     return True
-
-
-def read_stream(reader: pika.BlockingConnection, step: Read) -> ReadEnd:
-    """Carry out a :class:`Read` on ``reader``, a connection of its own, closed after:
-    consume until ``step.take`` says stop; acks go in batches (a stream consumer needs
-    them for credit)."""
-    channel = reader.channel()
-    waiting: list[tuple[int, bytes]] = []
-    try:
-        channel.basic_qos(prefetch_count=_PREFETCH)
-        channel.basic_consume(
-            step.stream,
-            lambda _ch, method, _props, body: waiting.append((method.delivery_tag or 0, body)),
-            arguments={"x-stream-offset": step.offset},
-        )
-        acked = 0
-        while True:
-            deadline = time.monotonic() + step.timeout
-            while not waiting:
-                if time.monotonic() > deadline:
-                    return "silent"
-                reader.process_data_events(time_limit=0.05)
-            batch = waiting[:]
-            del waiting[:]
-            for _tag, body in batch:
-                if step.take(body):
-                    return "done"
-            last = batch[-1][0]
-            if last - acked >= _ACK_EVERY:
-                channel.basic_ack(last, multiple=True)
-                acked = last
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code == 404:
-            return "missing"
-        raise
-    finally:
-        # pika rejects what the consumer still buffers, the stream then closes the
-        # connection: this one is the reader's alone, so that is fine
-        with contextlib.suppress(pika.exceptions.AMQPError):
-            reader.close()
 
 
 # ------------------------------------------------------------------ asyncio (aio-pika)
@@ -204,114 +162,12 @@ async def _append_async(connection: AbstractConnection, step: Append) -> bool:
 
 
 async def _read_async(connection: AbstractConnection, step: Read) -> ReadEnd:
-    import aiormq
-
-    stream = _Stream(step.take)
+    """A one-off read: a consumer on a channel of its own, closed after."""
+    stream = AsyncStream()
     try:
-        await stream.start(connection, step.stream, step.offset)
-        while not stream.stopped:
-            stream.heard.clear()
-            try:
-                await asyncio.wait_for(stream.heard.wait(), step.timeout)
-            except asyncio.TimeoutError:
-                return "silent"
-        return "done"
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return "missing"
+        return await stream.read(connection, step)
     finally:
         await stream.close()
-
-
-class _Stream:
-    """A stream consumer on a channel of its own, handing each body to ``take`` in order.
-
-    Acks go as one multiple ack per batch (a stream consumer needs them for credit), and
-    once ``live`` (past the end, records come one at a time) within ``LIVE_ACK_S`` of a
-    record: a worker's tail sees every journal write of every publisher, and an ack per
-    write was as much work for the broker as the write.
-    """
-
-    def __init__(self, take: Callable[[bytes], bool]) -> None:
-        self.take = take
-        self.channel: AbstractChannel | None = None
-        self.heard = asyncio.Event()
-        self.stopped = False
-        self.live = False
-        self.offset = -1
-        """The stream offset of the latest message taken (-1: none yet)."""
-        self._unacked = 0
-        self._acked = 0
-        self._acking = asyncio.Lock()
-        self._latest: AbstractIncomingMessage | None = None
-        self._flush: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self, connection: AbstractConnection, name: str, offset: datetime) -> None:
-        self.channel = channel = await connection.channel()
-        await channel.set_qos(prefetch_count=_PREFETCH)
-        queue = await channel.get_queue(name, ensure=False)
-        await queue.consume(self._on_message, arguments={"x-stream-offset": offset})
-
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        self.offset = max(self.offset, _offset_of(message, self.offset))
-        self._unacked += 1
-        self._latest = message
-        if self._unacked >= _ACK_EVERY:
-            self._unacked = 0
-            await self._ack_up_to(message)
-        elif self.live and self._flush is None:
-            loop = asyncio.get_running_loop()
-            self._flush = loop.call_later(LIVE_ACK_S, self._flush_acks)
-        if not self.stopped and self.take(message.body):
-            self.stopped = True
-        self.heard.set()
-
-    def _flush_acks(self) -> None:
-        self._flush = None
-        message = self._latest
-        if message is None or not self._unacked:
-            return
-        self._unacked = 0
-        task = asyncio.ensure_future(self._ack_quietly(message))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _ack_quietly(self, message: AbstractIncomingMessage) -> None:
-        import aiormq
-
-        # a closed channel returns what it held unacked: nothing is lost
-        with contextlib.suppress(aiormq.exceptions.AMQPError, RuntimeError, ConnectionError):
-            await self._ack_up_to(message)
-
-    async def _ack_up_to(self, message: AbstractIncomingMessage) -> None:
-        """One multiple ack at a time, never below one already sent.
-
-        Each delivery's callback is a task of its own, and aiormq's write queue holds 10
-        frames: a busy connection (a worker's, publishing) has its writers wait, and
-        asyncio's queue lets a later writer in before a woken one, so two acks could go
-        out of order. A multiple ack of a tag below one already acked is an unknown
-        delivery tag to the broker, which closes the channel (seen under the x-delay
-        bridge: the worker reconnected every few seconds).
-        """
-        tag = message.delivery_tag or 0
-        async with self._acking:
-            if tag <= self._acked:
-                return
-            self._acked = tag
-            await message.ack(multiple=True)
-
-    async def close(self) -> None:
-        if self._flush is not None:
-            self._flush.cancel()
-            self._flush = None
-        if self.channel is not None:
-            await _close_quietly(self.channel)
-
-
-def _offset_of(message: AbstractIncomingMessage, default: int) -> int:
-    """The stream offset the broker stamps on each delivery (``x-stream-offset``)."""
-    offset = (message.headers or {}).get("x-stream-offset")
-    return offset if isinstance(offset, int) else default
 
 
 async def stream_end(connection: AbstractConnection, name: str, *, first_s: float = 2.0) -> int:
@@ -329,12 +185,12 @@ async def stream_end(connection: AbstractConnection, name: str, *, first_s: floa
 
     async def take(message: AbstractIncomingMessage) -> None:
         nonlocal seen
-        seen = max(seen, _offset_of(message, seen))
+        seen = max(seen, offset_of(message.headers, seen))
         heard.set()
         await message.ack()
 
     try:
-        await channel.set_qos(prefetch_count=_PREFETCH)
+        await channel.set_qos(prefetch_count=PREFETCH)
         queue = await channel.get_queue(name, ensure=False)
         await queue.consume(take, arguments={"x-stream-offset": "last"})
         wait = first_s
@@ -359,7 +215,9 @@ async def _close_quietly(channel: AbstractChannel) -> None:
 
 async def write_probe(connection: AbstractConnection, layout: Layout) -> None:
     """:func:`rmqdelay.core.journal.flows.probe` on ``connection``."""
-    await run_journal_async(flows.probe(layout), connection)
+    from ..core.journal.flows import probe
+
+    await run_journal_async(probe(layout), connection)
 
 
 class JournalWriter:
@@ -373,7 +231,7 @@ class JournalWriter:
     """
 
     def __init__(self, connection: AbstractConnection, layout: Layout, timeout: float) -> None:
-        self.name = flows.require_journal(layout, "writing to the schedule journal")
+        self.name = reading.require_journal(layout, "writing to the schedule journal")
         self.connection = connection
         self.layout = layout
         self.timeout = timeout
@@ -459,11 +317,13 @@ class JournalWriter:
 
 
 class JournalTail:
-    """Follow the journal from ``since_ms`` onwards, calling ``on_record`` for each record.
+    """Follow the journal from ``start`` (the offset a checkpoint covers, or a time)
+    onwards, calling ``on_record`` for each record.
 
     ``caught_up`` is set once the tail's own marker came back: every record confirmed
     before :meth:`start` has been seen. A worker waits for it before it consumes, so a
-    cancel confirmed before the worker started is honoured.
+    cancel confirmed before the worker started is honoured. The tail counts the bytes it
+    read, so its reader knows when a checkpoint is due (:meth:`bytes_since`).
     """
 
     def __init__(
@@ -472,7 +332,7 @@ class JournalTail:
         layout: Layout,
         on_record: Callable[[JournalRecord], None],
         *,
-        since_ms: int | None = None,
+        start: Start,
         wants: Callable[[bytes], bool] | None = None,
         on_marker: Callable[[str], None] | None = None,
         read_only: bool = False,
@@ -482,18 +342,27 @@ class JournalTail:
         ``read_only``: a broker user refused the write of the tail's marker still follows
         (``wrote_marker`` False, ``caught_up`` then never set: the caller learns the
         end otherwise, see :func:`stream_end`)."""
-        self.name = flows.require_journal(layout, "following the schedule")
+        self.name = reading.require_journal(layout, "following the schedule")
         self.read_only = read_only
         self.wrote_marker = False
         self.connection = connection
         self.layout = layout
-        self.since_ms = now_ms() - layout.max_delay_ms if since_ms is None else since_ms
+        self.start_at = start
         self.caught_up = asyncio.Event()
-        self._marker = flows.new_marker(now_ms())
+        self.first: int | None = None
+        """The offset of the first message read."""
+        self.bytes = 0
+        """Bytes read since the start."""
+        self.last_body = b""
+        """The latest message read, whole (a reader that saves what it folded names it)."""
+        self._sizes: deque[tuple[int, int]] = deque()
+        """(offset, bytes read before it), for :meth:`bytes_since`."""
+        self._marker = reading.new_marker(now_ms())
         self._reader = UntilMarker(
             self._marker.message_id, on_record, wants=wants, on_marker=on_marker
         )
-        self._stream = _Stream(self._take)
+        self._stream = AsyncStream()
+        self._moved = asyncio.Event()
 
     @property
     def count(self) -> int:
@@ -509,36 +378,78 @@ class JournalTail:
         """The stream offset of the latest message read (-1: none yet)."""
         return self._stream.offset
 
+    def bytes_since(self, offset: int) -> int:
+        """Bytes of journal read from ``offset`` on (what a checkpoint covering up to
+        ``offset`` leaves a reader to read). Asked with offsets that only grow (the
+        latest checkpoint's): what is before one is forgotten."""
+        sizes = self._sizes
+        while sizes and sizes[0][0] < offset:
+            sizes.popleft()
+        return self.bytes - sizes[0][1] if sizes else 0
+
     async def read_to(self, offset: int) -> None:
         """Return once the tail has read the message at ``offset`` (or a later one);
         the tail then acks as it does past its marker."""
-        stream = self._stream
-        while stream.offset < offset:
-            stream.heard.clear()
-            await stream.heard.wait()
-        stream.live = True
+        while self._stream.offset < offset:
+            self._moved.clear()
+            await self._moved.wait()
+        self._stream.live = True
 
-    def _take(self, body: bytes) -> bool:
-        if self._reader(body):
+    def _take(self, message: StreamMessage) -> None:
+        if self.first is None:
+            self.first = message.offset
+        self._sizes.append((message.offset, self.bytes))
+        self.bytes += len(message.body)
+        self.last_body = message.body
+        if self._reader(message.body):
             self._stream.live = True
             self.caught_up.set()
-        return False  # a tail never stops by itself
+        self._moved.set()
 
     async def start(self) -> JournalTail:
         import aiormq
 
         try:
-            await run_journal_async(flows.append(self.layout, [self._marker]), self.connection)
+            await run_journal_async(reading.append(self.layout, [self._marker]), self.connection)
             self.wrote_marker = True
         except aiormq.exceptions.ChannelAccessRefused:
             if not self.read_only:
                 raise
-        offset = stream_offset(self.since_ms)
         try:
-            await self._stream.start(self.connection, self.name, offset)
+            await self._stream.open(self.connection, self.name, self.start_at)
         except aiormq.exceptions.ChannelNotFoundEntity:
             raise journal_missing(self.layout) from None
+        self._stream.follow(self._take)
         return self
 
     async def close(self) -> None:
         await self._stream.close()
+
+
+def write_checkpoint(
+    settings: BrokerSettings,
+    *,
+    writer: str,
+    due: Callable[[Mark | None], bool] = lambda _mark: True,
+) -> Written:
+    """Write a checkpoint (:mod:`rmqdelay.core.journal.writer`) on pika, on a connection of
+    its own, closed after: what a worker runs in a thread of its own, a publisher or a
+    command in its own."""
+    from ..core.journal.writer import write
+
+    connection = connect_blocking(settings, "checkpoint")
+    try:
+        flow = write(
+            settings.layout,
+            writer=writer,
+            timeout=max(settings.confirm_timeout, CHECKPOINT_READ_TIMEOUT_S),
+            clock=now_ms,
+            due=due,
+        )
+        return run_journal(flow, connection, lambda: connection)
+    finally:
+        close_connection(connection, settings.confirm_timeout)
+
+
+CHECKPOINT_READ_TIMEOUT_S = 60.0
+"""How long a checkpoint's writer waits for a stream to give the next message."""

@@ -21,19 +21,19 @@ import pika
 from ..core.durations import DurationLike
 from ..core.journal.records import JournalRecord
 from ..core.journal.reschedule import RescheduleResult
-from ..core.journal.steps import Append, Follow, Read
+from ..core.journal.steps import Append, Read
 from ..core.journal.view import CancelResult
 from ..core.outgoing import Outcome, Prepared, PublishResult
 from ..core.steps import CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
 from .connections import connect_blocking
-from .journal import append_records, read_stream
-from .journal_follow import BlockingFollower
+from .journal import append_records
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 from .recurring_api import RecurringMethods
+from .streams import BlockingStream, Readers
 
 __all__ = ["Publisher", "pika_properties"]
 
@@ -50,7 +50,7 @@ class Publisher(
     """
 
     _channel: ConfirmChannel | None = None
-    _followers: dict[str, BlockingFollower] | None = None
+    _followers: dict[str, BlockingStream] | None = None
 
     def connect(self) -> Publisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -175,9 +175,18 @@ class Publisher(
     # ------------------------------------------------------------------ steps
 
     def _run(self, flow: Flow[T]) -> T:
-        return run_flow(flow, self._do)
+        # a call's one-off reads on one reader connection of their own, closed after it:
+        # see rmqdelay.amqp.streams
+        readers = Readers(
+            lambda: connect_blocking(self.settings, "journal", last=self._try_last),
+            self._live_connection,
+        )
+        try:
+            return run_flow(flow, lambda step: self._do(step, readers))
+        finally:
+            readers.close()
 
-    def _do(self, step: Step) -> object:
+    def _do(self, step: Step, readers: Readers) -> object:
         if isinstance(step, CheckQueue):
             return self._queue_exists(step.queue)
         if isinstance(step, Failover):
@@ -185,23 +194,25 @@ class Publisher(
         if isinstance(step, Append):
             return append_records(self._live_connection(), step)
         if isinstance(step, Read):
-            # a reader's connection of its own: see rmqdelay.amqp.journal.run_journal
-            reader = connect_blocking(self.settings, "journal", last=self._try_last)
-            return read_stream(reader, step)
-        if isinstance(step, Follow):
-            if self._followers is None:
-                self._followers = {}
-            follower = self._followers.get(step.reader)
-            if follower is None:
-                if self._owns_connection:
-                    follower = BlockingFollower(self._live_connection, shared=True)
-                else:  # a connection given: the follower's channel must not close it
-                    follower = BlockingFollower(
-                        lambda: connect_blocking(self.settings, "keys", last=self._try_last)
-                    )
-                self._followers[step.reader] = follower
-            return follower.follow(step)
+            if step.keep is None:
+                return readers.read(step)
+            return self._kept(step.keep).read(step)
         return self._send(step.batch)
+
+    def _kept(self, name: str) -> BlockingStream:
+        """The consumer a keyed publish (or a reschedule) keeps between calls."""
+        if self._followers is None:
+            self._followers = {}
+        follower = self._followers.get(name)
+        if follower is None:
+            if self._owns_connection:
+                follower = BlockingStream(self._live_connection, shared=True)
+            else:  # a connection given: the follower's channel must not close it
+                follower = BlockingStream(
+                    lambda: connect_blocking(self.settings, "keys", last=self._try_last)
+                )
+            self._followers[name] = follower
+        return follower
 
     def _failover(self, reason: str) -> bool:
         """Move to another node (see ``_leaving``): the new connection first, one pass

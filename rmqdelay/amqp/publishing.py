@@ -18,7 +18,7 @@ from typing_extensions import Unpack
 from ..core.clock import ms_of_datetime
 from ..core.durations import DurationLike
 from ..core.journal import flows as journal_flows
-from ..core.journal.flows import JournalFlow
+from ..core.journal.reading import JournalFlow
 from ..core.journal.records import JournalRecord
 from ..core.journal.reschedule import RescheduleResult
 from ..core.journal.view import CancelResult

@@ -17,14 +17,14 @@ import pika
 import pika.exceptions
 
 from ..core.journal.records import decode_records, journal_name
-from ..core.journal.steps import Read
+from ..core.journal.steps import Read, StreamMessage
 from ..core.layout import Layout
 from ..core.parking import read_parked
 from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked
 from ..settings import Settings
 from .connections import connect_blocking
-from .journal import read_stream
 from .management import ManagementApi
+from .streams import BlockingStream
 from .topology_manager import TopologyManager
 
 __all__ = ["MAX_PARKED_PEEK", "gather_status", "peek_parked"]
@@ -109,11 +109,16 @@ def _oldest_record_ms(settings: Settings, stream: str) -> int | None:
     """
     first: list[int | None] = []
 
-    def take(body: bytes) -> bool:
-        first.append(min((r.recorded_at_ms for r in decode_records(body)), default=None))
+    def take(message: StreamMessage) -> bool:
+        records = decode_records(message.body)
+        first.append(min((r.recorded_at_ms for r in records), default=None))
         return True
 
-    read_stream(connect_blocking(settings, "status"), Read(stream, 0, take, timeout=0.5))
+    reader = BlockingStream(lambda: connect_blocking(settings, "status"))
+    try:
+        reader.read(Read(stream, "first", take, timeout=0.5))
+    finally:
+        reader.close()
     return first[0] if first else None
 
 

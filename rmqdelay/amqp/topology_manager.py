@@ -6,6 +6,7 @@ stops at the first conflict, naming the object, the argument, and both values.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..core.topology import (
     Topology,
     build_topology,
     kept_difference,
+    retention_policy,
 )
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
@@ -80,6 +82,9 @@ class TopologyManager:
         """Existing queues whose leader placement arguments differ (see ``_declare``)."""
         self.delivery_limit_kept: list[str] = []
         """An existing parking queue declared without ``x-delivery-limit`` (see ``_declare``)."""
+        self.retention_kept: list[str] = []
+        """Existing streams declared with another retention (see ``_declare``): a policy
+        gives them theirs (:meth:`retention_note`)."""
 
     def __enter__(self) -> TopologyManager:
         return self
@@ -149,6 +154,13 @@ class TopologyManager:
         except pika.exceptions.ChannelClosedByBroker as exc:
             self._channel = None
             match = _INEQUIVALENT.search(exc.reply_text)
+            if exc.reply_code == 406 and match and isinstance(obj, Queue):
+                reason = kept_difference(obj, match["arg"], missing=match["found"] == "none")
+                if reason == "retention":  # a journal of before checkpoints: as it is
+                    if obj.name not in self.retention_kept:
+                        self.retention_kept.append(obj.name)
+                    self._chan().queue_declare(obj.name, passive=True)
+                    return None
             if exc.reply_code == 406 and match and isinstance(obj, Queue) and match["arg"] in args:
                 reason = kept_difference(obj, match["arg"], missing=match["found"] == "none")
                 if reason is not None:
@@ -169,6 +181,16 @@ class TopologyManager:
                     "configure permission; publishers and workers do not"
                 ) from None
             raise
+
+    def retention_note(self) -> str:
+        """What to do about a stream kept with another retention: the policy's command."""
+        name, pattern, definition = retention_policy(self.layout)
+        return (
+            "declared with another retention (a stream's arguments cannot change): give it "
+            f"this one with a policy: rabbitmqctl set_policy {name} '{pattern}' "
+            f"'{json.dumps(definition, separators=(',', ':'))}' --apply-to queues "
+            "(see the docs' operations page: moving a journal to checkpoints)"
+        )
 
     @property
     def management_problem(self) -> str | None:
@@ -249,6 +271,8 @@ class TopologyManager:
                     notes.append(PLACEMENT_NOTE)
                 if obj.name in self.delivery_limit_kept:
                     notes.append(DELIVERY_LIMIT_NOTE)
+                if obj.name in self.retention_kept:
+                    notes.append(self.retention_note())
                 states.append(ObjectState(kind, obj.name, "ok", "; ".join(notes)))
             except TopologyConflictError as exc:
                 detail = f"{exc.argument}: found {exc.found}, wanted {exc.wanted}"
@@ -271,8 +295,32 @@ class TopologyManager:
         }
 
     def apply(self, destinations: Iterable[str] = ()) -> Topology:
-        """Declare every object and binding. Idempotent; never deletes."""
-        return self.declare(self.topology(destinations))
+        """Declare every object and binding. Idempotent; never deletes. A checkpoint
+        stream it creates gets its first message (``genesis``: no checkpoint yet), so
+        that a reader finds it at once (:mod:`rmqdelay.core.journal.checkpoint`)."""
+        topology = self.topology(destinations)
+        fresh = [
+            q.name
+            for q in topology.queues
+            if q.role == "checkpoints" and self._exists("queue", q.name) is None
+        ]
+        self.declare(topology)
+        for name in fresh:
+            self._genesis(name)
+        return topology
+
+    def _genesis(self, stream: str) -> None:
+        """The first message of a new checkpoint stream: no checkpoint yet."""
+        from ..core.clock import now_ms
+        from ..core.journal.checkpoint import CHECKPOINT_TYPE, GENESIS, HEADER, Mark
+        from ..core.journal.steps import journal_properties
+
+        mark = Mark("genesis", "genesis", 0, now_ms(), "topology apply", GENESIS)
+        properties = journal_properties("genesis", CHECKPOINT_TYPE, {HEADER: mark.header()})
+        channel = self._chan()
+        channel.confirm_delivery()
+        channel.basic_publish(stream, "", b"", pika.BasicProperties(**properties), mandatory=True)
+        channel.close()
 
     def declare(self, topology: Topology) -> Topology:
         """Declare ``topology``'s objects, then its bindings; stop at the first conflict
@@ -317,8 +365,8 @@ class TopologyManager:
         extra = [*destinations, *self.discover_destinations()]
         topology = self.topology(extra)
         counts = {q.name: self._exists("queue", q.name) for q in topology.queues}
-        # the journal's records are history, not messages waiting to be delivered
-        records = {q.name for q in topology.queues if q.role == "journal"}
+        # the journal's records and checkpoints are history, not messages to deliver
+        records = {q.name for q in topology.queues if q.role in ("journal", "checkpoints")}
         busy = {name: n for name, n in counts.items() if n and name not in records}
         if busy and not force:
             listed = ", ".join(f"{name} ({n})" for name, n in sorted(busy.items()))

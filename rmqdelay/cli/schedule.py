@@ -139,7 +139,8 @@ def scheduled_list(
     """List the messages still ahead and not cancelled, soonest first, every copy."""
     from ..amqp.journal import read_once
     from ..core.clock import ms_of_datetime
-    from ..core.journal.flows import require_journal, scheduled_rows
+    from ..core.journal.flows import scheduled_rows
+    from ..core.journal.reading import require_journal
     from .schedule_rows import json_lines, numbered, write_lines
 
     before = _due_before(due_before)
@@ -270,7 +271,7 @@ def cancel_command(
     from rich.markup import escape
 
     from ..amqp.publisher import Publisher
-    from ..core.journal.flows import require_journal
+    from ..core.journal.reading import require_journal
 
     if not message_ids and not keys:
         raise usage_error("give message ids to cancel, or --key KEY")
@@ -351,7 +352,7 @@ def reschedule_command(
     from rich.markup import escape
 
     from ..amqp.publisher import Publisher
-    from ..core.journal.flows import require_journal
+    from ..core.journal.reading import require_journal
     from .options import duration_us
     from .publish import _parse_at
 

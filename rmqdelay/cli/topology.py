@@ -120,6 +120,8 @@ def apply(
         out().print(f"note: {len(manager.placement_kept)} existing queue(s) were {PLACEMENT_NOTE}")
     if manager.delivery_limit_kept:
         out().print(f"note: the parking queue was {DELIVERY_LIMIT_NOTE}")
+    for name in manager.retention_kept:
+        out().print(f"note: the stream {name} was {manager.retention_note()}")
 
 
 @app.command(

@@ -25,7 +25,7 @@ from rmqdelay import (
     Worker,
 )
 from rmqdelay.amqp.journal import run_journal_async
-from rmqdelay.core.journal import flows as journal_flows
+from rmqdelay.core.journal import reading as journal_reading
 from rmqdelay.core.journal.records import JournalRecord
 from tests.helpers.worker_helpers import (
     Call,
@@ -48,7 +48,7 @@ def _tombstone(message_id: str, due_at_ms: int, destination: str = DEST) -> Jour
 async def _append(settings: Settings, records: list[JournalRecord]) -> None:
     connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
-        await run_journal_async(journal_flows.append(settings.layout, records), connection)
+        await run_journal_async(journal_reading.append(settings.layout, records), connection)
     finally:
         await connection.close()
 

@@ -13,9 +13,11 @@ import pytest
 
 from rmqdelay import AsyncPublisher, ConfigurationError, Publisher, Settings, build_topology
 from rmqdelay.amqp.journal import JournalTail, run_journal, run_journal_async
+from rmqdelay.core.clock import now_ms
 from rmqdelay.core.journal import flows
-from rmqdelay.core.journal.flows import JournalFlow
+from rmqdelay.core.journal.reading import JournalFlow
 from rmqdelay.core.journal.records import JournalRecord, encode_record, journal_name
+from rmqdelay.core.journal.steps import stream_offset
 from tests.helpers.cli import invoke, settings_env
 
 T = TypeVar("T")
@@ -113,7 +115,8 @@ async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) ->
     seen: list[JournalRecord] = []
     connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
-        tail = await JournalTail(connection, settings.layout, seen.append).start()
+        start = stream_offset(now_ms() - settings.layout.max_delay_ms)
+        tail = await JournalTail(connection, settings.layout, seen.append, start=start).start()
         await asyncio.wait_for(tail.caught_up.wait(), 10)
         assert [r.message_id for r in seen] == [f"m{i}" for i in range(5)]
         later = _records(3, start=5)

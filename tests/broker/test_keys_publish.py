@@ -184,8 +184,8 @@ def test_async_a_lost_follower_channel_reads_on(shared_topology: TestTopology) -
         async with AsyncPublisher(settings) as publisher:
             first = await publisher.publish(dest, b"1", delay="1m", key=key, on_conflict="ignore")
             follower = (publisher._followers or {}).get("keys")
-            assert follower is not None and follower._channel is not None
-            await follower._channel.close()  # as a channel error would
+            assert follower is not None and follower.channel is not None
+            await follower.channel.close()  # as a channel error would
             second = await publisher.publish(dest, b"2", delay="1m", key=key, on_conflict="ignore")
             assert (second.outcome, second.message_id) == ("ignored", first.message_id)
             # a key cancelled is free again, from the same publisher's fold

@@ -1,6 +1,7 @@
-"""How a journal stream consumer acks (rmqdelay/amqp/journal.py, ``_Stream``): never a
-tag below one already acked, whatever order its callbacks' writes finish in, and once
-live, one ack for what came within ``LIVE_ACK_S``, not one per record."""
+"""How a stream consumer acks (rmqdelay/amqp/streams.py, ``AsyncStream``, as a worker's
+tail follows the journal): never a tag below one already acked, whatever order its
+callbacks' writes finish in, and once live, one ack for what came within ``LIVE_ACK_S``,
+not one per record."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import asyncio
 import random
 from typing import Any
 
-from rmqdelay.amqp import journal
-from rmqdelay.amqp.journal import LIVE_ACK_S, _Stream
+from rmqdelay.amqp import streams
+from rmqdelay.amqp.streams import LIVE_ACK_S, AsyncStream
 
 
 class Delivered:
@@ -28,7 +29,7 @@ class Delivered:
         self.wire.append(self.delivery_tag)
 
 
-async def deliver(stream: _Stream, count: int, wire: list[int], seed: int) -> None:
+async def deliver(stream: AsyncStream, count: int, wire: list[int], seed: int) -> None:
     """Each delivery's callback as a task of its own, as aio-pika runs them."""
     rng = random.Random(seed)
     messages: list[Any] = [Delivered(tag, wire, rng) for tag in range(1, count + 1)]
@@ -38,10 +39,11 @@ async def deliver(stream: _Stream, count: int, wire: list[int], seed: int) -> No
 async def test_acks_reach_the_wire_in_rising_order_whatever_the_writes_do(
     monkeypatch: Any,
 ) -> None:
-    monkeypatch.setattr(journal, "_ACK_EVERY", 3)
+    monkeypatch.setattr(streams, "ACK_EVERY", 3)
     for seed in range(20):
         wire: list[int] = []
-        stream = _Stream(lambda body: False)
+        stream = AsyncStream()
+        stream.follow(lambda message: None)
         await deliver(stream, 60, wire, seed)
         assert wire == sorted(set(wire)), f"seed {seed}: acks {wire}"
         assert wire[-1] == 60
@@ -50,7 +52,8 @@ async def test_acks_reach_the_wire_in_rising_order_whatever_the_writes_do(
 
 async def test_a_live_tail_acks_once_for_what_came_within_its_window() -> None:
     wire: list[int] = []
-    stream = _Stream(lambda body: False)
+    stream = AsyncStream()
+    stream.follow(lambda message: None)
     stream.live = True
     await deliver(stream, 200, wire, 1)
     assert wire == []  # nothing yet: the flush is due within LIVE_ACK_S
