@@ -31,8 +31,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable
-from typing import Literal
+from collections.abc import Awaitable, Mapping
+from typing import Any, Literal
 
 from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 
@@ -80,8 +80,7 @@ class KeyFilter(WorkerHook):
         """Claims written and not read back yet, by claim id."""
         self._heard: asyncio.Event | None = None
         """Set by the next record read, for deliveries waiting for theirs."""
-        self._since_ms = 0
-        """Where the tail began reading: records before it were never read."""
+        self._cancels = cancels
         self._here: dict[str, bool] = {}
         """Claims whose copy this worker handles, by claim id (whether its ``done`` was
         written): from the ``handle`` verdict until its handling ends without a ``done``,
@@ -115,11 +114,16 @@ class KeyFilter(WorkerHook):
     def expire(self, now: int) -> int:
         return self.book.expire(now)
 
+    def clear(self) -> None:
+        self.book.clear()
+
+    def restore(self, entry: Mapping[str, Any]) -> None:
+        self.book.restore(entry)
+
     # ------------------------------------------------------------------ connection
 
     async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
         """After the cancel filter (its tail has read the journal to its end)."""
-        self._since_ms = now_ms() - self.layout.max_delay_ms
         writer = JournalWriter(connection, self.layout, self.timeout)
         await writer.open()
         if writer.channel is not None:
@@ -225,11 +229,13 @@ class KeyFilter(WorkerHook):
         return verdict.generation.due_ms if verdict.generation is not None else 0
 
     def _out_of_reach(self, delivery: Delivery) -> bool:
-        """Whether the delivery's record may precede what the tail read: it was due
-        before this worker read the journal, so written up to ``max_delay`` before, and
-        the tail starts ``max_delay`` back. Dropping it as unrecorded could lose it."""
+        """Whether the delivery's record may be one this worker never read: its copy
+        was due before what the checkpoint it began from still holds (settled records
+        are left out), or, without a checkpoint, before it began reading the journal
+        (written up to ``max_delay`` before, so before the tail's start). Dropping it as
+        unrecorded could lose it."""
         due = delivery.due_ms
-        return due is not None and due - self.layout.max_delay_ms < self._since_ms
+        return due is not None and due < self._cancels.reach_ms
 
     async def _next_record(self) -> None:
         if self._heard is None:

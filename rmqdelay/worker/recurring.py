@@ -16,7 +16,7 @@ feeds the ``rmqdelay_recurring_schedules`` gauge.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -60,8 +60,15 @@ class RecurringHook(WorkerHook):
         return self.book.wants(line)
 
     def expire(self, now: int) -> int:
-        """Nothing to forget: a schedule is a few hundred bytes, and lives on."""
+        """Nothing to forget: a schedule is a few hundred bytes, and lives on (a
+        checkpoint forgets one removed longer ago than the longest delay)."""
         return 0
+
+    def clear(self) -> None:
+        self.book.clear()
+
+    def restore(self, entry: Mapping[str, Any]) -> None:
+        self.book.restore(entry)
 
     # ------------------------------------------------------------------ admission
 

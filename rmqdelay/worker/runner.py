@@ -87,7 +87,7 @@ class RunningWorker:
         self.keys: KeyFilter | None = None
         self.recurring: RecurringHook | None = None
         if self.layout.journal:
-            cancels = CancelFilter(self.layout, settings.confirm_timeout)
+            cancels = CancelFilter(settings)
             self.tombstones = cancels.tombstones
             self.keys = KeyFilter(self.layout, settings.confirm_timeout, cancels)
             # after the keys filter: an occurrence is this worker's before its chain moves on

@@ -159,7 +159,7 @@ def test_the_app_takes_hooks_in_order_and_refuses_what_is_not_one() -> None:
 
 def test_the_cancel_filter_skips_the_named_copy_only() -> None:
     layout = Settings(prefix="hooks-unit").layout
-    cancels = CancelFilter(layout, 5.0)
+    cancels = CancelFilter(Settings(prefix=layout.prefix, confirm_timeout=5.0))
     due = NOW_MS + 60_000  # due in a minute: its tombstone is held
     cancels.tombstones.add(JournalRecord("cancelled", "m-1", "jobs", due))
     assert cancels.before_handle(_delivery("m-1", due)) is True

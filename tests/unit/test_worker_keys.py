@@ -14,7 +14,8 @@ from rmqdelay.worker import Admission, Delivery
 from rmqdelay.worker.cancel import CancelFilter
 from rmqdelay.worker.keys import KeyFilter
 
-LAYOUT = Settings(prefix="keys-unit").layout
+SETTINGS = Settings(prefix="keys-unit")
+LAYOUT = SETTINGS.layout
 
 
 class ReadBack:
@@ -32,10 +33,11 @@ class ReadBack:
 
 
 def _filter(silent: bool = False, timeout: float = 2.0) -> tuple[KeyFilter, ReadBack]:
-    keys = KeyFilter(LAYOUT, timeout, CancelFilter(LAYOUT, timeout))
+    cancels = CancelFilter(SETTINGS.model_copy(update={"confirm_timeout": timeout}))
+    keys = KeyFilter(LAYOUT, timeout, cancels)
     writer = ReadBack(keys, silent)
     keys._writer = writer  # type: ignore[assignment]
-    keys._since_ms = now_ms() - LAYOUT.max_delay_ms - 1000  # connected 1 s ago
+    cancels.reach_ms = now_ms() - 1000  # connected 1 s ago, no checkpoint: all before is
     return keys, writer
 
 
