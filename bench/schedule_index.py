@@ -6,9 +6,11 @@
 Fills a fresh prefix's journal with ``--messages`` pending messages (``--fill publish``:
 the ``list`` workload's filler, ``publish_many``, delays of an hour; ``--fill journal``:
 their journal records alone, see :func:`fill_journal`), starts an
-:class:`~rmqdelay.amqp.schedule_index_follow.IndexFollower` in this process and waits until
-it has read the journal (a running dashboard), then times, in alternating rounds after
-one untimed warm-up round that checks the answers:
+:class:`~rmqdelay.dashboard.follow.StoreFollower` in this process and waits until
+it has read the journal (a running dashboard). A checkpoint is written after the fill
+(as a running worker writes one), so a fresh start reads it, not the whole journal. It
+then times, in alternating rounds after one untimed warm-up round that checks the
+answers:
 
 - ``limit``: ``rmqdelay scheduled list --limit 50`` in a fresh process (the reference:
   what answers "the first 50" today; it reads and folds the whole journal);
@@ -45,7 +47,7 @@ from typing import Any
 from bench.common import machine_load, now_ms
 from bench.scheduled_list import DESTINATION, fill, parse_args, prepare, run, write_results
 from rmqdelay import Settings, TopologyManager
-from rmqdelay.core.schedule_index import Order
+from rmqdelay.dashboard.pages import Order
 
 RESULTS = Path(__file__).resolve().parent / "results" / "index.json"
 LIMIT = 50
@@ -58,16 +60,17 @@ import asyncio, json, sys, time
 started = time.perf_counter()
 from rmqdelay import Settings
 from rmqdelay.amqp.connections import connect_async
-from rmqdelay.amqp.schedule_index_follow import IndexFollower
-from rmqdelay.core.schedule_index import PageQuery
+from rmqdelay.dashboard.follow import StoreFollower
+from rmqdelay.dashboard.pages import PageQuery
+from rmqdelay.dashboard.store import ScheduleStore
 
 async def main():
     settings = Settings()
     connection = await connect_async(settings, "index")
-    follower = await IndexFollower(connection, settings.layout).start()
+    follower = await StoreFollower(connection, settings, ScheduleStore()).start()
     await follower.caught_up(timeout=1200)
     read = time.perf_counter()
-    page = follower.index.page(PageQuery(limit=int(sys.argv[1])), time.time_ns() // 10**6)
+    page = follower.store.page(PageQuery(limit=int(sys.argv[1])), time.time_ns() // 10**6)
     done = time.perf_counter()
     print(json.dumps({"rows": len(page.rows), "total": page.total,
                       "read_s": read - started, "page_s": done - read}))
@@ -85,7 +88,7 @@ def fill_journal(settings: Settings, messages: int) -> float:
     once left it not answering AMQP handshakes. The seconds it took."""
     from rmqdelay.amqp.connections import connect_blocking
     from rmqdelay.amqp.journal import run_journal
-    from rmqdelay.core.journal import flows as journal_flows
+    from rmqdelay.core.journal import reading as journal_reading
     from rmqdelay.core.journal.records import JournalRecord
     from rmqdelay.core.templates import new_message_id
 
@@ -105,7 +108,7 @@ def fill_journal(settings: Settings, messages: int) -> float:
                 )
                 for i in range(base, min(base + 10_000, messages))
             ]
-            flow = journal_flows.append(settings.layout, records)
+            flow = journal_reading.append(settings.layout, records)
             run_journal(flow, connection, lambda: connection)
     finally:
         connection.close()
@@ -167,7 +170,7 @@ def _median(runs: list[float]) -> float:
 
 async def _warm(follower: Any, order: Order, fresh: bool) -> tuple[float, int]:
     """Median seconds of ``WARM_CALLS`` first-page answers, and the page's total."""
-    from rmqdelay.core.schedule_index import PageQuery
+    from rmqdelay.dashboard.pages import PageQuery
 
     times: list[float] = []
     total = 0
@@ -175,7 +178,7 @@ async def _warm(follower: Any, order: Order, fresh: bool) -> tuple[float, int]:
         started = time.perf_counter()
         if fresh:
             await follower.caught_up(timeout=60)
-        page = follower.index.page(PageQuery(order=order, limit=LIMIT), time.time_ns() // 10**6)
+        page = follower.store.page(PageQuery(order=order, limit=LIMIT), time.time_ns() // 10**6)
         times.append(time.perf_counter() - started)
         assert len(page.rows) == LIMIT, f"the warm page has {len(page.rows)} rows"
         total = page.total
@@ -184,7 +187,9 @@ async def _warm(follower: Any, order: Order, fresh: bool) -> tuple[float, int]:
 
 async def measure(url: str, messages: int, repeats: int, how: str) -> dict[str, Any]:
     from rmqdelay.amqp.connections import connect_async
-    from rmqdelay.amqp.schedule_index_follow import IndexFollower
+    from rmqdelay.amqp.journal import write_checkpoint
+    from rmqdelay.dashboard.follow import StoreFollower
+    from rmqdelay.dashboard.store import ScheduleStore
 
     settings, env = prepare(url, "index")
     rmqdelay = str(Path(sys.executable).with_name("rmqdelay"))
@@ -207,10 +212,14 @@ async def measure(url: str, messages: int, repeats: int, how: str) -> dict[str, 
         fill_s = await asyncio.to_thread(filler, settings, messages)
         what = "published" if how == "publish" else "journal records written"
         print(f"index: {messages:,} pending {what} in {fill_s:.1f} s", file=sys.stderr)
+        started = time.perf_counter()
+        written = await asyncio.to_thread(write_checkpoint, settings, writer="bench")
+        checkpoint_s = time.perf_counter() - started
+        print(f"index: checkpoint {written.outcome} in {checkpoint_s:.1f} s", file=sys.stderr)
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         started = time.perf_counter()
         connection = await connect_async(settings, "bench-index")
-        follower = await IndexFollower(connection, settings.layout).start()
+        follower = await StoreFollower(connection, settings, ScheduleStore()).start()
         await follower.caught_up(timeout=1200)
         follow_s = time.perf_counter() - started
         follow_rss = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
@@ -218,7 +227,7 @@ async def measure(url: str, messages: int, repeats: int, how: str) -> dict[str, 
         # `rmqdelay dashboard` (its HTTP API): started now, its first page once it has
         # read the journal, then timed in the rounds
         dashboard = subprocess.Popen(
-            [rmqdelay, "dashboard", "--port", str(port)],
+            [rmqdelay, "dashboard", "--port", str(port), "--state", ":memory:"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -274,6 +283,7 @@ async def measure(url: str, messages: int, repeats: int, how: str) -> dict[str, 
     results["dashboard"] = {"first_page_s": round(http_first_s, 1)}
     results["follower"] = {"read_s": round(follow_s, 1), "rss_growth_mib": round(follow_rss)}
     results["fill_s"] = round(fill_s, 1)
+    results["checkpoint_s"] = round(checkpoint_s, 1)
     results["fill"] = how
     return results
 

@@ -58,6 +58,14 @@ _EXTRA = (
     help="A worker's metrics URL (its --metrics-port); repeat. "
     "Env: RMQDELAY_DASHBOARD_WORKER_METRICS (a JSON list).",
 )
+@click.option(
+    "--state",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Keep the schedule in this SQLite file, so a restart reads only the journal "
+    "written since (default: in ~/.cache/rmqdelay; ':memory:' for none). "
+    "Env: RMQDELAY_DASHBOARD_STATE.",
+)
 @broker_options
 @friendly_errors
 def dashboard_command(
@@ -66,6 +74,7 @@ def dashboard_command(
     token: str | None,
     read_only: bool | None,
     worker_metrics: tuple[str, ...],
+    state: Path | None,
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
@@ -80,6 +89,7 @@ def dashboard_command(
         dashboard_token=token,
         dashboard_read_only=read_only,
         dashboard_worker_metrics=list(worker_metrics) or None,
+        dashboard_state=state,
     )
     from ..dashboard.binding import check_bind
 
@@ -88,6 +98,7 @@ def dashboard_command(
         import uvicorn
 
         from ..dashboard.app import create_app
+        from ..dashboard.schedule import state_path
     except ImportError as exc:
         raise click.ClickException(f"{_EXTRA} ({exc})") from None
     _log_actions()
@@ -96,7 +107,8 @@ def dashboard_command(
     shown = f"[{where}]" if ":" in where else where
     err().print(
         f"rmqdelay dashboard on http://{shown}:{settings.dashboard_port}/ "
-        f"({access.describe()}), broker {settings.masked_url}",
+        f"({access.describe()}), broker {settings.masked_url}, "
+        f"schedule kept in {state_path(settings)}",
         highlight=False,
     )
     uvicorn.run(

@@ -29,12 +29,12 @@ from starlette.staticfiles import StaticFiles
 
 from ..core.clock import datetime_of_ms, iso_of_ms, ms_of_datetime, now_ms
 from ..core.durations import format_ms
-from ..core.schedule_index import BUCKETS, PageQuery
 from ..settings import Settings
 from . import actions
 from .actions import Job, Jobs, Outcome
 from .binding import Access, access_of
 from .overview import StatusWatch, broker_facts, worker_health
+from .pages import BUCKETS, PageQuery
 from .refusals import explain, is_refusal, scrub
 from .schedule import HISTORY_KINDS, ScheduleSource, StillReading, numbered
 from .security import SESSION_COOKIE, Guard, Refused, check_post, csrf_token, session_value
@@ -109,7 +109,7 @@ class Dashboard:
         except StillReading as exc:  # the loop serves on: the page asks again shortly
             if api:
                 response: Response = self.answer(
-                    {"reading": str(exc), "records": exc.records, "sorting": exc.sorting}, 503
+                    {"reading": str(exc), "records": exc.records, "loading": exc.loading}, 503
                 )
             else:
                 response = self.render(
@@ -283,7 +283,7 @@ class Dashboard:
         async def work() -> dict[str, Any]:
             now = now_ms()
             index = await self.schedule.index(now)
-            view = index.view
+            view = index.view_of(message_id)
             copies = view.copies_of(message_id)
             history = [r for r in index.history(message_id) if r.kind in HISTORY_KINDS]
             if not copies and not history:
@@ -326,7 +326,7 @@ class Dashboard:
             at_ms = None  # now
             if mode == "plus1h":  # an hour after the latest copy still ahead
                 now = now_ms()
-                view = (await self.schedule.index(now)).view
+                view = (await self.schedule.index(now)).view_of(message_id)
                 ahead = [r.due_at_ms for r in view.copies_of(message_id) if r.due_at_ms > now]
                 at_ms = max(ahead, default=now) + 3_600_000
             elif mode == "at":

@@ -1,43 +1,51 @@
-"""The schedule as the dashboard reads it: the journal followed into a
-:class:`~rmqdelay.core.schedule_index.ScheduleIndex`, so that a page, a count or a
-message's history is a question to what is in memory, never a read of the journal
-(the first page of a million pending in milliseconds).
+"""The schedule as the dashboard reads it: the journal followed into a store on disk
+(:class:`~.store.ScheduleStore`, SQLite), so that a page, a count or a message's history
+is a question to it, never a read of the journal (the first page of a million pending
+in milliseconds, in a few hundred MB however many are pending).
 
-:class:`ScheduleSource` opens its own connection and an
-:class:`~rmqdelay.amqp.schedule_index_follow.IndexFollower` on the first question, waits
-until the follower has read the whole journal, and then answers from the index as it
-is kept up to date. After an action of the dashboard's own it waits until the journal
-has been read to the end again, so the page after a cancel shows the cancel. A dropped
-connection is opened again (and the journal read again) on the next question.
+:class:`ScheduleSource` opens its own connection and a :class:`~.follow.StoreFollower`
+on the first question, waits until the follower has read the journal to its end, and
+then answers from the store as it is kept up to date. After an action of the
+dashboard's own it waits until the journal has been read to the end again, so the page
+after a cancel shows the cancel. A dropped connection is opened again (and the journal
+read on from where the store got to) on the next question.
 
-The first read of a big journal takes seconds, and sorting what it found (a million
-pending: seconds more) is done in a worker thread, a chunk at a time, so the event loop
-goes on serving meanwhile: a question waits :data:`READY_WAIT_S` at most, then gets
-:class:`StillReading` ("reading the schedule: N records so far") for its page to show.
-A broker user that may only read the journal is followed to the end a consumer at
-``last`` hears (:attr:`ScheduleSource.exact` False: pages say they may be catching up).
+A first start reads the latest checkpoint into the store (seconds at a million pending,
+in a thread); a question waits :data:`READY_WAIT_S` at most, then gets
+:class:`StillReading` ("reading the schedule: ...") for its page to show. The store is
+a file (``dashboard_state``, by default in the user's cache), so a restarted dashboard
+reads only the journal written since it last saved.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
-
-from starlette.concurrency import run_in_threadpool
 
 from ..core.journal.records import JournalRecord
 from ..core.journal.recurring import RecurringSchedule
-from ..core.schedule_index import sort_taken
 from ..settings import Settings
+from .store import ScheduleStore
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
 
-    from ..amqp.schedule_index_follow import IndexFollower
-    from ..core.schedule_index import ScheduleIndex
+    from ..worker.checkpoints import Checkpointer
+    from .follow import StoreFollower
 
-__all__ = ["HISTORY_KINDS", "Row", "ScheduleSource", "StillReading", "numbered"]
+__all__ = [
+    "HISTORY_KINDS",
+    "Row",
+    "ScheduleSource",
+    "StillReading",
+    "numbered",
+    "state_path",
+]
 
 HISTORY_KINDS = frozenset(("scheduled", "cancelled", "rescheduled", "claimed", "done"))
 """What a message's history shows: published (each copy) or retried, moved, cancelled,
@@ -45,9 +53,9 @@ claimed by a worker, handled."""
 FIRST_READ_TIMEOUT_S = 120.0
 """How long a page waits for the first read of the journal (a million records: seconds)."""
 READY_WAIT_S = 5.0
-"""How long a question waits for the read and the sort before it is told how far they are."""
-SORT_ASIDE = 20_000
-"""Copies unsorted from this many on are sorted in a worker thread, not on the loop."""
+"""How long a question waits for the read before it is told how far it is."""
+FORGET_EVERY_MS = 60_000
+"""How often the store forgets what is settled (as a checkpoint does)."""
 CATCHING_UP = (
     "the broker user may only read the schedule journal (no write to it, so no marker of "
     "the dashboard's own to read back): this view is read to the end the stream showed and "
@@ -55,14 +63,32 @@ CATCHING_UP = (
 )
 
 
-class StillReading(Exception):
-    """The schedule is not ready yet: how far its first read (or its sort) is."""
+def state_path(settings: Settings) -> Path:
+    """Where the dashboard keeps its store: ``dashboard_state``, or a file in the user's
+    cache named after the prefix and the broker (several dashboards, several files)."""
+    if settings.dashboard_state is not None:
+        return Path(settings.dashboard_state)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rmqdelay"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no home to write to: a file of this run's own
+        base = Path(tempfile.gettempdir())
+    broker = hashlib.sha256(settings.masked_url.encode()).hexdigest()[:12]
+    return base / f"dashboard-{settings.layout.prefix}-{broker}.sqlite3"
 
-    def __init__(self, records: int, sorting: bool) -> None:
+
+class StillReading(Exception):
+    """The schedule is not ready yet: how far its first read is."""
+
+    def __init__(self, records: int, loading: bool) -> None:
         self.records = records
-        self.sorting = sorting
-        text = f"reading the schedule: {records:,} records so far"
-        super().__init__(text + (" (sorting what is pending)" if sorting else ""))
+        self.loading = loading
+        text = (
+            "reading the schedule: the latest checkpoint"
+            if loading
+            else f"reading the schedule: {records:,} records so far"
+        )
+        super().__init__(text)
 
 
 @dataclass(frozen=True)
@@ -73,33 +99,33 @@ class Row:
     copies: int
 
 
-def numbered(index: ScheduleIndex, rows: tuple[JournalRecord, ...], now_ms: int) -> list[Row]:
+def numbered(store: ScheduleStore, rows: tuple[JournalRecord, ...], now_ms: int) -> list[Row]:
     """Each row with its place among its id's pending copies (an id sent again after a
-    failed confirm, or retried, waits as several), from the index's few lookups per id:
-    the view's ``copies_of`` regroups every copy after each record folded (a second at a
-    million pending)."""
+    failed confirm, or retried, waits as several): a lookup per row."""
     out = []
     for record in rows:
-        dues = [r.due_at_ms for r in index.copies(record.message_id, now_ms)]
+        dues = [r.due_at_ms for r in store.copies_pending(record.message_id, now_ms)]
         place = dues.index(record.due_at_ms) + 1 if record.due_at_ms in dues else 1
         out.append(Row(record, place, max(len(dues), 1)))
     return out
 
 
 class ScheduleSource:
-    """The dashboard's schedule index, followed live (see the module's docstring).
+    """The dashboard's schedule store, followed live (see the module's docstring).
     Used from the dashboard's event loop only (the follower folds records on it)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._connection: AbstractConnection | None = None
-        self._follower: IndexFollower | None = None
+        self._follower: StoreFollower | None = None
+        self._checkpoints: Checkpointer | None = None
+        self._store: ScheduleStore | None = None
         self._reading: asyncio.Task[None] | None = None
         self._wanted = 1
         """Reads asked for: the first question, then one more after each action."""
         self._read_to = 0
         """The latest of them a finished read covers."""
-        self._sorting = False
+        self._forgot_ms = 0
 
     @property
     def exact(self) -> bool:
@@ -111,15 +137,15 @@ class ScheduleSource:
         """What a page says about how current it is (None: as of the last question)."""
         return None if self.exact else CATCHING_UP
 
-    async def index(self, now_ms: int, wait_s: float | None = None) -> ScheduleIndex:
-        """The index, read to the end of the journal at least as of the first question
-        or the dashboard's last action, and sorted. Raises :class:`StillReading` when
-        that takes more than ``wait_s`` (default :data:`READY_WAIT_S`; the read goes
-        on: ask again)."""
+    async def index(self, now_ms: int, wait_s: float | None = None) -> ScheduleStore:
+        """The store, read to the end of the journal at least as of the first question
+        or the dashboard's last action. Raises :class:`StillReading` when that takes
+        more than ``wait_s`` (default :data:`READY_WAIT_S`; the read goes on: ask
+        again)."""
         wait_s = READY_WAIT_S if wait_s is None else wait_s
         connection = self._connection
         if self._read_to and (connection is None or connection.is_closed):
-            self._wanted += 1  # dropped: opened again, and the journal read again
+            self._wanted += 1  # dropped: opened again, and the journal read on
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while self._read_to < self._wanted:
@@ -130,56 +156,57 @@ class ScheduleSource:
                 await asyncio.wait_for(asyncio.shield(reading), max(0.0, deadline - loop.time()))
             except asyncio.TimeoutError:
                 follower = self._follower
-                raise StillReading(follower.records if follower else 0, self._sorting) from None
-        assert self._follower is not None
-        index = self._follower.index
-        index.forget_due(now_ms)
-        return index
+                tail = follower.tail if follower is not None else None
+                raise StillReading(follower.records if follower else 0, tail is None) from None
+        assert self._store is not None
+        if now_ms - self._forgot_ms >= FORGET_EVERY_MS:
+            self._forgot_ms = now_ms
+            self._store.forget(now_ms, self.settings.layout.max_delay_ms)
+        return self._store
 
     async def recurring(self, now_ms: int) -> list[RecurringSchedule]:
         """Every recurring schedule not removed, folded from the same journal."""
-        await self.index(now_ms)
-        assert self._follower is not None
-        return self._follower.recurring.listed()
+        store = await self.index(now_ms)
+        return store.state.recurring.listed()
 
     async def _read(self, wanted: int) -> None:
-        """Open (again) if needed, read to the end, sort what is new aside if much;
-        then the reads asked for up to ``wanted`` are done."""
+        """Open (again) if needed, read to the end; then the reads asked for up to
+        ``wanted`` are done."""
         connection = self._connection
         if self._follower is None or connection is None or connection.is_closed:
             await self._open()
         assert self._follower is not None
-        follower = self._follower
-        await follower.caught_up(max(FIRST_READ_TIMEOUT_S, self.settings.confirm_timeout))
-        index = follower.index
-        if index.unsorted() >= SORT_ASIDE:
-            self._sorting = True
-            try:
-                index.put_sorted(await run_in_threadpool(sort_taken, index.take_unsorted()))
-            finally:
-                self._sorting = False
+        await self._follower.caught_up(max(FIRST_READ_TIMEOUT_S, self.settings.confirm_timeout))
         self._read_to = max(self._read_to, wanted)
 
     async def warm(self, now_ms: int) -> None:
-        """Read the journal and sort the index now (the app's start-up), so that the
-        first page finds it ready: sorting a million pending takes seconds, once."""
+        """Read the journal now (the app's start-up), so that the first page finds the
+        store ready: a first read of a million pending takes seconds, once."""
         await self.index(now_ms, wait_s=FIRST_READ_TIMEOUT_S)
 
     async def _open(self) -> None:
         from ..amqp.connections import connect_async
-        from ..amqp.schedule_index_follow import IndexFollower
-        from ..core.journal.flows import require_journal
+        from ..core.journal.reading import require_journal
+        from ..worker.checkpoints import Checkpointer
+        from .follow import StoreFollower
 
         await self._close_follower()
         require_journal(self.settings.layout, "the dashboard's Scheduled page")
+        if self._store is None:
+            self._store = ScheduleStore(state_path(self.settings))
         connection = await connect_async(self.settings, "dashboard")
         try:
-            follower = IndexFollower(connection, self.settings.layout, sort_first_read=False)
+            follower = StoreFollower(connection, self.settings, self._store)
+            self._follower = follower
             await follower.start()
         except BaseException:
+            self._follower = None
             await connection.close()
             raise
-        self._connection, self._follower = connection, follower
+        self._connection = connection
+        if follower.tail is not None and follower.exact:  # a dashboard writes checkpoints too
+            self._checkpoints = Checkpointer(self.settings)
+            self._checkpoints.start(connection, follower.tail, follower.pointer)
 
     def changed(self) -> None:
         """An action wrote to the journal: the next question waits until it is read."""
@@ -191,8 +218,14 @@ class ScheduleSource:
             reading.cancel()
             await asyncio.gather(reading, return_exceptions=True)
         await self._close_follower()
+        store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     async def _close_follower(self) -> None:
+        checkpoints, self._checkpoints = self._checkpoints, None
+        if checkpoints is not None:
+            await checkpoints.stop()
         follower, self._follower = self._follower, None
         connection, self._connection = self._connection, None
         if follower is not None:

@@ -20,9 +20,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from rmqdelay import Publisher, Settings
-from rmqdelay.core.schedule_index import sort_taken
 from rmqdelay.dashboard import schedule as schedule_source
 from rmqdelay.dashboard.app import create_app
+from rmqdelay.dashboard.follow import StoreFollower
 from tests.helpers.brokerctl import BrokerAdmin, with_login
 from tests.helpers.cli import CLI, rmqdelay_env
 from tests.helpers.parking import park
@@ -36,14 +36,15 @@ SECRETS = (PASSWORD, TOKEN, METRICS_PASSWORD)
 
 def _settings(base: Settings, url: str, **dashboard: Any) -> Settings:
     """The topology's settings (already applied) with another URL and dashboard settings;
-    the dashboard's own settings change no queue."""
+    the dashboard's own settings change no queue. Its store in memory unless a test says
+    where (a file of the prefix's under the user's cache otherwise)."""
     return Settings(
         url=url,
         prefix=base.prefix,
         max_delay="1h",
         connection_name=base.connection_name,
         journal_bodies=True,
-        **dashboard,
+        **{"dashboard_state": ":memory:", **dashboard},
     )
 
 
@@ -491,37 +492,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_the_schedule_is_sorted_off_the_event_loop_and_the_page_says_how_far_it_is(
+def test_the_checkpoint_is_read_off_the_event_loop_and_the_page_says_how_far_it_is(
     shared_topology: TestTopology, dashboard: Dashboards, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sorting a big schedule takes seconds: it runs in a worker thread (held here until
-    the test lets it go), and meanwhile the loop serves every page, the Scheduled page
-    saying how far the read is."""
+    """Reading a big checkpoint into the store takes seconds: it runs in a worker thread
+    (held here until the test lets it go), and meanwhile the loop serves every page, the
+    Scheduled page saying what it reads."""
     dest = shared_topology.dest("dash")
     settings = _settings(shared_topology.settings([dest]), shared_topology.shared.amqp_url)
     ids = [f"dash-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
     with Publisher(settings) as publisher:
         for message_id in ids:
             publisher.publish(dest, b"x", delay="20m", message_id=message_id)
-    sorting, release = threading.Event(), threading.Event()
+    loading, release = threading.Event(), threading.Event()
+    load = StoreFollower._load_checkpoint
 
-    def held(taken: Any) -> Any:
-        sorting.set()
-        assert release.wait(60), "the test never let the sort go"
-        return sort_taken(taken)
+    def held(self: StoreFollower) -> Any:
+        loading.set()
+        assert release.wait(60), "the test never let the load go"
+        return load(self)
 
-    monkeypatch.setattr(schedule_source, "sort_taken", held)
-    monkeypatch.setattr(schedule_source, "SORT_ASIDE", 1)
+    monkeypatch.setattr(StoreFollower, "_load_checkpoint", held)
     monkeypatch.setattr(schedule_source, "READY_WAIT_S", 0.1)
     try:
-        client = dashboard(settings)  # its start-up reads the journal, then sorts
-        assert sorting.wait(60), "the sort never started"
+        client = dashboard(settings)  # its start-up reads the checkpoint, then the journal
+        assert loading.wait(60), "the load never started"
         page = client.get("/scheduled")
         assert page.status_code == 503, page.text[:300]
-        found = re.search(r"reading the schedule: ([\d,]+) records so far", page.text)
-        assert found and int(found[1].replace(",", "")) >= len(ids), page.text[:500]
+        assert "reading the schedule: the latest checkpoint" in page.text, page.text[:500]
         api = client.get("/api/scheduled")
-        assert api.status_code == 503 and api.json()["sorting"] is True, api.text
+        assert api.status_code == 503 and api.json()["loading"] is True, api.text
         assert "reading the schedule" in client.get("/api/overview").json()["schedule"]["problem"]
         assert client.get("/login").status_code == 200
         assert client.get("/parked").status_code == 200
@@ -532,3 +532,36 @@ def test_the_schedule_is_sorted_off_the_event_loop_and_the_page_says_how_far_it_
         assert time.monotonic() < deadline, answer.text
         time.sleep(0.05)
     assert sorted(r["message_id"] for r in answer.json()["rows"]) == sorted(ids)
+
+
+def test_a_restarted_dashboard_reads_on_from_its_saved_store(
+    shared_topology: TestTopology, dashboard: Dashboards, tmp_path: Any
+) -> None:
+    """The store is a file: a dashboard started again opens it and reads only the
+    journal written since; what changed meanwhile (a cancel, a publish) shows."""
+    dest = shared_topology.dest("dash")
+    state = tmp_path / "dashboard.sqlite3"
+    settings = _settings(
+        shared_topology.settings([dest]), shared_topology.shared.amqp_url, dashboard_state=state
+    )
+    with Publisher(settings) as publisher:
+        first = [publisher.publish(dest, b"x", delay="20m") for _ in range(3)]
+    with TestClient(create_app(settings)) as client:
+        rows = _rows(client, dest)
+        assert sorted(rows) == sorted(r.message_id for r in first)
+    assert state.is_file()
+    with Publisher(settings) as publisher:
+        publisher.cancel(first[0].message_id)
+        later = publisher.publish(dest, b"y", delay="10m")
+    with TestClient(create_app(settings)) as client:
+        rows = _rows(client, dest)
+        assert sorted(rows) == sorted([later.message_id, *(r.message_id for r in first[1:])])
+
+
+def _rows(client: TestClient, dest: str) -> list[str]:
+    deadline = time.monotonic() + 30
+    while (answer := client.get("/api/scheduled", params={"destination": dest})).status_code == 503:
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.05)
+    assert answer.status_code == 200, answer.text
+    return [r["message_id"] for r in answer.json()["rows"]]

@@ -121,7 +121,15 @@ COMMAND_LINE: dict[str, list[str]] = {
     "recurring resume": ["NAME", "--json", *SHARED],
     "recurring remove": ["NAME", "--json", *SHARED],
     "recurring list": ["--json", *SHARED],
-    "dashboard": ["--host", "--port", "--token", "--read-only", "--worker-metrics", *SHARED],
+    "dashboard": [
+        "--host",
+        "--port",
+        "--token",
+        "--read-only",
+        "--worker-metrics",
+        "--state",
+        *SHARED,
+    ],
 }
 # the commands of each group, in the order the help lists them
 GROUPS = {

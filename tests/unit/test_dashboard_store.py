@@ -1,30 +1,26 @@
-"""The schedule index pages exactly what the journal's view says is pending, in order.
+"""The dashboard's store pages exactly what the journal's view says is pending, in order.
 
 The model is :class:`~rmqdelay.core.journal.view.ScheduleView` folded over the same random
 journal: its :meth:`pending`, filtered and sorted naively, is what a walk over every
-page of the index must give, for every filter, order and page size.
+page of the store (SQLite, in memory here) must give, for every filter, order and page
+size; and so for a store restored from a checkpoint's parts, and one saved and reopened.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
-from unittest.mock import patch
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core import schedule_index
+from rmqdelay.core.journal.checkpoint import JournalState, write_sections
 from rmqdelay.core.journal.records import JournalRecord, RecordKind
 from rmqdelay.core.journal.view import ScheduleView
-from rmqdelay.core.schedule_index import (
-    BUCKETS,
-    CursorError,
-    Page,
-    PageQuery,
-    ScheduleIndex,
-    sort_taken,
-)
+from rmqdelay.dashboard.pages import BUCKETS, CursorError, Page, PageQuery
+from rmqdelay.dashboard.store import ScheduleStore
 
 KINDS: tuple[RecordKind, ...] = (
     *("scheduled",) * 5,  # most records: publishes and retries
@@ -86,7 +82,7 @@ def naive(view: ScheduleView, query: PageQuery, now_ms: int) -> list[JournalReco
     return found
 
 
-def walk(index: ScheduleIndex, query: PageQuery, now_ms: int) -> list[Page]:
+def walk(index: ScheduleStore, query: PageQuery, now_ms: int) -> list[Page]:
     pages = [index.page(query, now_ms)]
     while pages[-1].next_cursor is not None:
         assert len(pages) <= 50, "the cursor walk does not end"
@@ -97,7 +93,7 @@ def walk(index: ScheduleIndex, query: PageQuery, now_ms: int) -> list[Page]:
 
 
 def check(
-    index: ScheduleIndex, records: Sequence[JournalRecord], query: PageQuery, now: int
+    index: ScheduleStore, records: Sequence[JournalRecord], query: PageQuery, now: int
 ) -> None:
     view = ScheduleView().extend(records)
     expected = naive(view, query, now)
@@ -117,59 +113,73 @@ def check(
 def test_pages_walk_the_views_pending_copies_in_order(
     records: list[JournalRecord], query: PageQuery, now: int
 ) -> None:
-    check(ScheduleIndex().extend(records), records, query, now)
+    check(ScheduleStore().extend(records), records, query, now)
 
 
 @settings(max_examples=80)
 @given(journals, journals, queries, nows)
-def test_an_index_read_on_agrees_at_every_point(
+def test_a_store_read_on_agrees_at_every_point(
     first: list[JournalRecord], then: list[JournalRecord], query: PageQuery, now: int
 ) -> None:
     """Pages asked between records (a dashboard following the journal) agree too."""
-    index = ScheduleIndex().extend(first)
+    index = ScheduleStore().extend(first)
     check(index, first, query, now)
     index.extend(then)
     check(index, [*first, *then], query, now)
 
 
 @settings(max_examples=80)
-@given(journals, journals, queries, nows, st.sampled_from([1, 2, 1000]))
-def test_sorting_aside_while_the_fold_goes_on_changes_no_page(
-    first: list[JournalRecord],
-    then: list[JournalRecord],
-    query: PageQuery,
-    now: int,
-    chunk: int,
+@given(journals, journals, queries, nows)
+def test_a_store_begun_from_a_checkpoint_then_read_on_agrees(
+    first: list[JournalRecord], then: list[JournalRecord], query: PageQuery, now: int
 ) -> None:
-    """A batch taken to be sorted in a worker thread, the fold going on meanwhile
-    (cancels and replaces among it): once put back, the pages are the view's."""
-    index = ScheduleIndex()
-    index.extend(first[: len(first) // 2])
-    index.page(query, now)  # some sorted already
-    index.extend(first[len(first) // 2 :])
-    taken = index.take_unsorted()
-    with pytest.raises(RuntimeError, match="still being sorted"):
-        index.take_unsorted()
-    with patch.object(schedule_index, "SORT_CHUNK", chunk):
-        done = sort_taken(taken)
-    index.extend(then)
-    index.put_sorted(done)
-    check(index, [*first, *then], query, now)
+    """A dashboard's first read: a checkpoint's parts (the fold of ``first``), then
+    the tail; and the same store saved, reopened and read on."""
+    folded = JournalState()
+    for record in first:
+        folded.add(record)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "store.sqlite3"
+        index = ScheduleStore(path)
+        for section, body, _count in write_sections(folded):
+            index.take_part(section, body)
+        index.loaded()
+        check(index, first, query, now)
+        index.save("prefix@broker", 7, "hash")
+        index.extend(then)  # not saved: a restart reads it again from the journal
+        index.close()
+
+        reopened = ScheduleStore(path)
+        assert reopened.saved("prefix@elsewhere") is None  # another broker's: emptied
+        assert len(reopened) == 0
+        reopened.close()
+        index = ScheduleStore(path)
+        for section, body, _count in write_sections(folded):
+            index.take_part(section, body)
+        index.loaded()
+        index.save("prefix@broker", 7, "hash")
+        index.close()
+
+        reopened = ScheduleStore(path)
+        assert (reopened.saved("prefix@broker"), reopened.last_hash) == (7, "hash")
+        check(reopened, first, query, now)
+        reopened.extend(then)
+        check(reopened, [*first, *then], query, now)
+        reopened.close()
 
 
 @given(journals, queries, st.sampled_from([0, 1, 2, 60_001]))
-def test_forgetting_due_copies_changes_no_page(
+def test_forgetting_settled_copies_changes_no_page(
     records: list[JournalRecord], query: PageQuery, now: int
 ) -> None:
-    index = ScheduleIndex().extend(records)
-    index.forget_due(now)
-    check(index, records, query, now)
-    assert all(due > now for lists in index._lists.values() for due, _ in lists.soonest)
+    index = ScheduleStore().extend(records)
+    index.forget(now + 600_001, 86_400_000)  # what settled ten minutes before
+    check(index, records, query, now + 600_001)
 
 
 @given(journals, nows)
 def test_counts_per_destination_and_due_bucket(records: list[JournalRecord], now: int) -> None:
-    index = ScheduleIndex().extend(records)
+    index = ScheduleStore().extend(records)
     pending = ScheduleView().extend(records).pending(now)
     per_destination: dict[str, int] = {}
     for r in pending:
@@ -186,15 +196,17 @@ def test_counts_per_destination_and_due_bucket(records: list[JournalRecord], now
 def test_copies_are_the_ids_pending_copies_soonest_first(
     records: list[JournalRecord], now: int
 ) -> None:
-    index = ScheduleIndex().extend(records)
+    index = ScheduleStore().extend(records)
     pending = ScheduleView().extend(records).pending(now)
     for message_id in IDS:
-        assert index.copies(message_id, now) == [r for r in pending if r.message_id == message_id]
+        assert index.copies_pending(message_id, now) == [
+            r for r in pending if r.message_id == message_id
+        ]
 
 
 @given(journals)
 def test_history_is_every_record_of_the_id_in_journal_order(records: list[JournalRecord]) -> None:
-    index = ScheduleIndex().extend(records)
+    index = ScheduleStore().extend(records)
     for message_id in IDS:
         assert index.history(message_id) == [
             r for r in records if r.message_id == message_id and r.kind != "marker"
@@ -203,7 +215,7 @@ def test_history_is_every_record_of_the_id_in_journal_order(records: list[Journa
 
 def test_a_replace_hides_the_message_it_supersedes_and_a_cancel_takes_a_copy_out() -> None:
     first = JournalRecord("scheduled", "m1", "orders", 5_000, key="k", on_conflict="ignore")
-    index = ScheduleIndex().extend([first, JournalRecord("scheduled", "m0", "orders", 9_000)])
+    index = ScheduleStore().extend([first, JournalRecord("scheduled", "m0", "orders", 9_000)])
     assert [r.message_id for r in index.page(PageQuery(), 0).rows] == ["m1", "m0"]
     index.add(JournalRecord("scheduled", "m2", "orders", 7_000, key="k", on_conflict="replace"))
     assert [r.message_id for r in index.page(PageQuery(), 0).rows] == ["m2", "m0"]
@@ -213,33 +225,32 @@ def test_a_replace_hides_the_message_it_supersedes_and_a_cancel_takes_a_copy_out
     assert index.page(PageQuery(), 0).total == 1
 
 
-def test_a_page_costs_the_same_whatever_is_pending() -> None:
-    """The first page reads ``limit + 1`` copies, never the whole schedule: a sort of
-    every pending copy would call this key function once per copy."""
-    index = ScheduleIndex().extend(
+def test_a_page_is_an_index_walk_whatever_is_pending() -> None:
+    """A page reads ``limit + 1`` rows along an index, never sorts the schedule: SQLite's
+    plan for each order and filter uses an index and no temporary sort."""
+    index = ScheduleStore().extend(
         JournalRecord("scheduled", f"m{i}", "orders", 1_000 + i, recorded_at_ms=i)
-        for i in range(20_000)
+        for i in range(2_000)
     )
-    looked_up = 0
-    copies = index.view.copies
-
-    class Counting(dict):  # type: ignore[type-arg]
-        def __getitem__(self, key: object) -> JournalRecord:
-            nonlocal looked_up
-            looked_up += 1
-            return copies[key]  # type: ignore[index]
-
-    index.view.copies = Counting()
+    index.loaded()
     for order in ("soonest", "newest"):
-        looked_up = 0
-        page = index.page(PageQuery(order=order, limit=50, due_from_ms=5_000), 0)
-        assert page.total == 16_000 and len(page.rows) == 50
-        assert looked_up == 51
-    index.view.copies = copies
+        for destination in (None, "orders"):
+            query = PageQuery(order=order, limit=50, due_from_ms=1_500, destination=destination)
+            page = index.page(query, 0)
+            assert page.total == 1_500 and len(page.rows) == 50
+            where, args = index._filters(query, 0)
+            ordering = "due, id" if order == "soonest" else "recorded DESC, id, due"
+            plan = index.db.execute(
+                f"EXPLAIN QUERY PLAN SELECT record FROM copies {index._walk(query)} "
+                f"WHERE {where} ORDER BY {ordering} LIMIT 51",
+                args,
+            ).fetchall()
+            text = " ".join(str(row[-1]) for row in plan)
+            assert "USING INDEX" in text and "TEMP B-TREE" not in text, text
 
 
 def test_a_cursor_from_another_order_or_hand_edited_is_refused_clearly() -> None:
-    index = ScheduleIndex().extend(
+    index = ScheduleStore().extend(
         [JournalRecord("scheduled", f"m{i}", "orders", 1_000 + i) for i in range(3)]
     )
     cursor = index.page(PageQuery(limit=1), 0).next_cursor

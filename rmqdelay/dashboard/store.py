@@ -1,0 +1,443 @@
+"""The dashboard's schedule on disk: the journal's state in SQLite, a page a query.
+
+The dashboard answers "the next 50", counts per destination and per due window, and a
+message's history, many times a minute, at a million pending. Held in Python, a million
+copies took a gigabyte; here they are rows of an embedded SQLite file (the standard
+library's ``sqlite3``): the process holds the small ``core`` (tombstones, keys,
+recurring schedules) and SQLite's page cache, and a page is an index walk.
+
+What is pending is the journal's fold, never re-derived: the store is a
+:class:`~rmqdelay.core.journal.checkpoint.JournalState` whose view keeps its copies in
+the ``copies`` table (:class:`_Copies`, a mapping the view writes through). After each
+record, the copies it can have changed (its id's, and a replaced key's previous
+message's) get their ``live`` column set from the view's own verdicts (cancelled,
+hidden under a key): a page lists exactly what the view's ``pending`` would, in the
+same order (tests/unit/test_dashboard_store.py).
+
+The file keeps the journal offset its state covers, committed with it: a restarted
+dashboard opens it and reads only the journal after it (:mod:`.follow`).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from ..core.journal.checkpoint import (
+    JournalState,
+    decode_copies,
+    decode_entries,
+    with_body,
+    without_body,
+)
+from ..core.journal.records import JournalRecord, decode_record, encode_record
+from ..core.journal.view import ScheduleView
+from .pages import BUCKETS, Page, PageQuery, cursor, parse_cursor, place
+
+__all__ = ["FORMAT", "ScheduleStore"]
+
+FORMAT = 1
+"""The file's layout; a file of another is read afresh from the journal."""
+_FLUSH_AT = 2000
+"""Writes the copies hold back before they reach SQLite (one ``executemany``)."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS copies (
+    id TEXT NOT NULL, due INTEGER NOT NULL, dest TEXT NOT NULL, recorded INTEGER NOT NULL,
+    key TEXT, live INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (id, due)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS history (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, record BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS copies_soonest ON copies (live, due, id);
+CREATE INDEX IF NOT EXISTS copies_newest ON copies (live, recorded DESC, id, due);
+CREATE INDEX IF NOT EXISTS copies_dest_soonest ON copies (dest, live, due, id);
+CREATE INDEX IF NOT EXISTS copies_dest_newest ON copies (dest, live, recorded DESC, id, due);
+CREATE INDEX IF NOT EXISTS copies_key ON copies (key) WHERE key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS history_id ON history (id);
+"""
+_UPSERT = (
+    "INSERT OR REPLACE INTO copies (id, due, dest, recorded, key, live, record) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_ROW = tuple[str, int, str, int, str | None, int, bytes]
+
+
+def _row(record: JournalRecord, live: bool, line: bytes | None = None) -> _ROW:
+    return (
+        record.message_id,
+        record.due_at_ms,
+        record.destination,
+        record.recorded_at_ms,
+        record.key,
+        int(live),
+        encode_record(record) if line is None else line,
+    )
+
+
+def _record(blob: bytes) -> JournalRecord:
+    record = decode_record(blob)
+    assert record is not None, "a row holds a record this version wrote"
+    return record
+
+
+class _Copies(MutableMapping[tuple[str, int], JournalRecord]):
+    """A view's copies as the ``copies`` table: what the view sets is written (with
+    ``live`` 1: the store sets it right after the record, :meth:`ScheduleStore.add`),
+    a few thousand at a time, and read back from what waits first."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self._put: dict[tuple[str, int], JournalRecord | None] = {}
+        """Writes not in SQLite yet: a record, or None for a deletion."""
+
+    def flush(self) -> None:
+        if not self._put:
+            return
+        put, self._put = self._put, {}
+        rows = [_row(r, True) for r in put.values() if r is not None]
+        gone = [key for key, r in put.items() if r is None]
+        if gone:
+            self.db.executemany("DELETE FROM copies WHERE id = ? AND due = ?", gone)
+        if rows:
+            self.db.executemany(_UPSERT, rows)
+
+    def __getitem__(self, key: tuple[str, int]) -> JournalRecord:
+        if key in self._put:
+            found = self._put[key]
+            if found is None:
+                raise KeyError(key)
+            return found
+        row = self.db.execute("SELECT record FROM copies WHERE id = ? AND due = ?", key).fetchone()
+        if row is None:
+            raise KeyError(key)
+        return _record(row[0])
+
+    def __setitem__(self, key: tuple[str, int], record: JournalRecord) -> None:
+        self._put[key] = record
+        if len(self._put) >= _FLUSH_AT:
+            self.flush()
+
+    def __delitem__(self, key: tuple[str, int]) -> None:
+        if key not in self:
+            raise KeyError(key)
+        self._put[key] = None
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple):
+            return False
+        if key in self._put:
+            return self._put[key] is not None
+        found = self.db.execute("SELECT 1 FROM copies WHERE id = ? AND due = ?", key).fetchone()
+        return found is not None
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        self.flush()
+        yield from self.db.execute("SELECT id, due FROM copies").fetchall()
+
+    def __len__(self) -> int:
+        self.flush()
+        return int(self.db.execute("SELECT count(*) FROM copies").fetchone()[0])
+
+    def of(self, message_id: str) -> list[JournalRecord]:
+        """The id's copies, soonest first."""
+        self.flush()
+        rows = self.db.execute(
+            "SELECT record FROM copies WHERE id = ? ORDER BY due", (message_id,)
+        ).fetchall()
+        return [_record(blob) for (blob,) in rows]
+
+    def drop_due_before(self, cutoff_ms: int) -> None:
+        """Forget the copies due before ``cutoff_ms`` (see ``ScheduleView.expire``)."""
+        self.flush()
+        self.db.execute("DELETE FROM copies WHERE due < ?", (cutoff_ms,))
+
+
+class ScheduleStore:
+    """The journal's state in a SQLite file (``":memory:"`` for none), and the
+    dashboard's questions to it. One open transaction, committed by :meth:`save` with
+    the journal offset it covers."""
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(_SCHEMA)
+        self.copies = _Copies(self.db)
+        self.state = JournalState(ScheduleView(copies=self.copies))
+        self.offset: int | None = None
+        """The journal offset the state covers up to (the next to read), once saved."""
+        self.last_hash: str | None = None
+        """The hash of the journal message before :attr:`offset`, as saved."""
+        self._history: list[tuple[str, bytes]] = []
+        self._indexed = False
+        self.db.execute("BEGIN")
+
+    def _flush(self) -> None:
+        """What waits in memory, written: the copies' writes and the history's."""
+        self.copies.flush()
+        if self._history:
+            history, self._history = self._history, []
+            self.db.executemany("INSERT INTO history (id, record) VALUES (?, ?)", history)
+
+    @property
+    def view(self) -> ScheduleView:
+        return self.state.view
+
+    # ------------------------------------------------------------------ the file
+
+    def saved(self, identity: str) -> int | None:
+        """The offset a file saved for ``identity`` (the prefix and the broker) covers,
+        its state restored; None, and the file emptied, for one of another or none."""
+        meta = dict(self.db.execute("SELECT name, value FROM meta").fetchall())
+        if meta.get("format") != str(FORMAT) or meta.get("identity") != identity:
+            self.clear()
+            return None
+        for entry in json.loads(meta["core"]):
+            self.state.restore(entry)
+        self._ensure_indexes()
+        self.offset = int(meta["offset"])
+        self.last_hash = meta.get("last") or None
+        return self.offset
+
+    def save(self, identity: str, offset: int, last_hash: str = "") -> None:
+        """Commit the state as covering the journal up to ``offset``; ``last_hash`` names
+        the message before it (a restart checks the journal still holds it)."""
+        self._flush()
+        core = json.dumps(list(self.state.core_entries()), separators=(",", ":"))
+        values = {
+            "format": str(FORMAT),
+            "identity": identity,
+            "offset": str(offset),
+            "last": last_hash,
+            "core": core,
+        }
+        self.db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", values.items())
+        self.db.execute("COMMIT")
+        self.db.execute("BEGIN")
+        self.offset = offset
+
+    def clear(self) -> None:
+        """Forget everything (a fresh read follows)."""
+        self.copies._put.clear()
+        self._history.clear()
+        for table in ("copies", "history", "meta"):
+            self.db.execute(f"DELETE FROM {table}")
+        self.state = JournalState(ScheduleView(copies=self.copies))
+        self.offset = None
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ------------------------------------------------------------------ the fold
+
+    def take_part(self, section: str, body: bytes) -> None:
+        """One part of a checkpoint (core first, then copies, then bodies): copies go in
+        by the thousand, their ``live`` set from the core already restored; the indexes
+        are built once they are all in (:meth:`_ensure_indexes`)."""
+        view = self.view
+        if section == "core":
+            for entry in decode_entries(body):
+                self.state.restore(entry)
+        elif section == "copies":
+            records = decode_copies(body)
+            lines = body.split(b"\n")
+            same = len(lines) == len(records)
+            rows = [
+                _row(r, self._live(r), lines[i] if same else None) for i, r in enumerate(records)
+            ]
+            self.db.executemany(_UPSERT, rows)
+        elif section == "bodies":
+            for entry in decode_entries(body):
+                key = (str(entry["id"]), int(entry["due"]))
+                row = self.db.execute(
+                    "SELECT record FROM copies WHERE id = ? AND due = ?", key
+                ).fetchone()
+                if row is not None:
+                    full = with_body(_record(row[0]), entry)
+                    self.db.execute(
+                        "UPDATE copies SET record = ? WHERE id = ? AND due = ?",
+                        (encode_record(full), *key),
+                    )
+        view.loaded = None
+
+    def loaded(self) -> None:
+        """The checkpoint is in: build the indexes now, once."""
+        self._ensure_indexes()
+
+    def _ensure_indexes(self) -> None:
+        if not self._indexed:  # in the open transaction (``executescript`` would commit it)
+            for statement in filter(str.strip, _INDEXES.split(";")):
+                self.db.execute(statement)
+            self._indexed = True
+
+    def add(self, record: JournalRecord) -> None:
+        """Fold one journal record as the view does, and set ``live`` on the copies it
+        can have changed."""
+        kind = record.kind
+        if kind == "marker":
+            return
+        self._history.append((record.message_id, encode_record(without_body(record))))
+        if len(self._history) >= _FLUSH_AT:
+            self._flush()
+        view = self.view
+        if kind == "scheduled" and record.key is None:
+            view.add(record)  # this copy alone, recorded (again): live, unless stale
+            self.state.recurring.add(record)
+            return
+        affected = [record.message_id]
+        if kind == "scheduled" and record.key is not None:
+            current = view.keys.current(record.key)
+            if current is not None and current.message_id != record.message_id:
+                affected.append(current.message_id)  # a replace can supersede it
+        self.state.add(record)
+        if kind in ("claimed", "done", "recurring"):
+            return  # neither cancels nor hides a copy
+        for message_id in affected:
+            self._refresh(message_id)
+
+    def _live(self, record: JournalRecord) -> bool:
+        view = self.view
+        if view.is_cancelled(record.message_id, record.due_at_ms):
+            return False
+        return not (record.key is not None and view.hidden(record))
+
+    def _refresh(self, message_id: str) -> None:
+        """Set ``live`` on each of the id's copies from the view's verdicts."""
+        for record in self.copies.of(message_id):
+            self.db.execute(
+                "UPDATE copies SET live = ? WHERE id = ? AND due = ?",
+                (int(self._live(record)), message_id, record.due_at_ms),
+            )
+
+    def forget(self, now_ms: int, horizon_ms: int) -> None:
+        """Forget what is settled (as a checkpoint does), and the history of the ids
+        that have no copy left."""
+        self._flush()
+        self.state.expire(now_ms, horizon_ms)
+        self.db.execute("DELETE FROM history WHERE id NOT IN (SELECT id FROM copies)")
+
+    # ------------------------------------------------------------------ questions
+
+    def page(self, query: PageQuery, now_ms: int) -> Page:
+        """One page of the pending copies matching ``query``, in its order: ``limit``
+        rows or fewer, and the cursor of the next page when there are more."""
+        if query.limit < 1:
+            raise ValueError(f"a page holds at least one row, not limit={query.limit}")
+        self._flush()
+        after = parse_cursor(query.after, query.order)
+        where, args = self._filters(query, now_ms)
+        total = int(
+            self.db.execute(f"SELECT count(*) FROM copies WHERE {where}", args).fetchone()[0]
+        )
+        if query.order == "soonest":
+            if after is not None:
+                where += " AND (due > ? OR (due = ? AND id > ?))"
+                args += [after[0], after[0], after[1]]
+            order = "due, id"
+        else:
+            if after is not None:
+                recorded = -after[0]
+                where += (
+                    " AND (recorded < ? OR (recorded = ? AND (id > ? OR (id = ? AND due > ?))))"
+                )
+                args += [recorded, recorded, after[1], after[1], after[2]]  # type: ignore[misc]
+            order = "recorded DESC, id, due"
+        rows = self.db.execute(
+            f"SELECT record FROM copies {self._walk(query)} WHERE {where} ORDER BY {order} LIMIT ?",
+            [*args, query.limit + 1],
+        ).fetchall()
+        found = [_record(blob) for (blob,) in rows]
+        shown = tuple(found[: query.limit])
+        more = len(found) > query.limit
+        return Page(shown, cursor(place(shown[-1], query.order)) if more else None, total)
+
+    def _walk(self, query: PageQuery) -> str:
+        """The index a page walks in its order (SQLite would rather take the due range's
+        and sort what it finds: at a million pending, a million rows a page); by key or
+        id, a few rows, the planner's choice."""
+        if not self._indexed or query.key is not None or query.message_id is not None:
+            return ""
+        name = "copies_dest" if query.destination is not None else "copies"
+        return f"INDEXED BY {name}{'_newest' if query.order == 'newest' else '_soonest'}"
+
+    @staticmethod
+    def _filters(query: PageQuery, now_ms: int) -> tuple[str, list[Any]]:
+        low = now_ms + 1 if query.due_from_ms is None else max(now_ms + 1, query.due_from_ms)
+        where = "live = 1 AND due >= ?"
+        args: list[Any] = [low]
+        for column, value in (
+            ("dest", query.destination),
+            ("key", query.key),
+            ("id", query.message_id),
+        ):
+            if value is not None:
+                where += f" AND {column} = ?"
+                args.append(value)
+        if query.due_to_ms is not None:
+            where += " AND due < ?"
+            args.append(query.due_to_ms)
+        return where, args
+
+    def by_destination(self, now_ms: int) -> dict[str, int]:
+        """Pending copies per destination (destinations with none left out)."""
+        self.copies.flush()
+        rows = self.db.execute(
+            "SELECT dest, count(*) FROM copies WHERE live = 1 AND due > ? GROUP BY dest "
+            "ORDER BY dest",
+            (now_ms,),
+        ).fetchall()
+        return {dest: int(n) for dest, n in rows if n}
+
+    def due_buckets(self, now_ms: int) -> dict[str, int]:
+        """Pending copies by when they fall due (:data:`~.pages.BUCKETS`)."""
+        self.copies.flush()
+        out: dict[str, int] = {}
+        low = now_ms + 1
+        for name, span in BUCKETS:
+            if span is None:
+                sql, args = "SELECT count(*) FROM copies WHERE live = 1 AND due >= ?", [low]
+            else:
+                high = now_ms + span + 1
+                sql = "SELECT count(*) FROM copies WHERE live = 1 AND due >= ? AND due < ?"
+                args = [low, high]
+                low = high
+            out[name] = int(self.db.execute(sql, args).fetchone()[0])
+        return out
+
+    def copies_pending(self, message_id: str, now_ms: int) -> list[JournalRecord]:
+        """The id's pending copies, soonest first (an id sent again after a failed
+        confirm, or retried, waits as several)."""
+        return [r for r in self.copies.of(message_id) if r.due_at_ms > now_ms and self._live(r)]
+
+    def history(self, message_id: str) -> list[JournalRecord]:
+        """Every record read for ``message_id`` since the checkpoint the store began
+        from, in journal order: its publishes and retries, moves, cancels, claims and
+        ``done`` (a copy the checkpoint held is its own record)."""
+        self._flush()
+        rows = self.db.execute(
+            "SELECT record FROM history WHERE id = ? ORDER BY seq", (message_id,)
+        ).fetchall()
+        return [_record(blob) for (blob,) in rows]
+
+    def view_of(self, message_id: str) -> ScheduleView:
+        """A view of one message: its copies, and the store's tombstones and keys, for
+        the answers a message's page gives (its copies' states, a cancel's answer)."""
+        view = self.view
+        copies = {(r.message_id, r.due_at_ms): r for r in self.copies.of(message_id)}
+        return ScheduleView(copies=copies, cancelled=view.cancelled, keys=view.keys)
+
+    def __len__(self) -> int:
+        """Copies held: pending, and due ones not yet forgotten."""
+        return len(self.copies)
+
+    def extend(self, records: Iterable[JournalRecord]) -> ScheduleStore:
+        for record in records:
+            self.add(record)
+        return self
