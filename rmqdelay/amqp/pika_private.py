@@ -13,7 +13,12 @@ exists; instance attributes are checked on the first connection. If anything is 
 warning is logged and :data:`FAST` turns False: every caller then takes pika's public
 API (:mod:`.blocking`, :mod:`.pika_confirms`). ``RMQDELAY_CLIENT_FAST=0`` forces that.
 
-One reach is not for speed but for correctness, and so ignores that switch: pika reads a
+Two reaches are not for speed but for correctness, and so ignore that switch. pika
+rejects what a stream consumer still buffers when its channel closes, and RabbitMQ
+answers a reject on a stream by closing the whole connection:
+:func:`drop_deliveries` makes pika drop them instead (a stream's unacked deliveries are
+released with the channel anyway); the public fallback drains the consumer first
+(:mod:`.streams`). And pika reads a
 header value of type ``f`` or ``d`` (float, double) as an int, ``1.5`` as ``1``
 (``pika.data.decode_value``; Java's ``Double``, .NET's ``double`` and every non-integer
 JavaScript number are sent as ``d``), and pika 1.3 reads a signed 64-bit ``l`` as
@@ -49,6 +54,7 @@ __all__ = [
     "FAST",
     "PIKA_BOUNDS",
     "close_connection",
+    "drop_deliveries",
     "headers_mended",
     "mend_headers_in_this_thread",
     "open_channel",
@@ -230,6 +236,26 @@ def close_connection(connection: pika.BlockingConnection, timeout: float) -> Non
             wait_until(connection, lambda: connection.is_closed, 1.0, "dropping the socket")
     except gone:
         pass  # it closed some other way: closed either way
+
+
+def drop_deliveries(channel: BlockingChannel) -> bool:
+    """Make ``channel``'s consumers drop, not reject, what pika buffers for them and what
+    arrives until the broker stops sending (what pika does for a no-ack consumer); call
+    it before the channel or its connection closes. False, and nothing changed, when
+    this pika is not the one checked: the caller drains the consumers instead."""
+    infos = vars(channel).get("_consumer_infos")
+    noack = vars(vars(channel).get("_impl") or object()).get("_consumers_with_noack")
+    if (
+        self_check() is not None
+        or not isinstance(infos, dict)
+        or not isinstance(noack, set)
+        or not all(hasattr(info, "auto_ack") for info in infos.values())
+    ):
+        return False
+    for tag, info in infos.items():
+        info.auto_ack = True
+        noack.add(tag)
+    return True
 
 
 def server_properties(connection: object) -> dict[str, Any]:

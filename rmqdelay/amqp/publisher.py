@@ -229,6 +229,8 @@ class Publisher(
             return False
         old, self._connection, self._channel = self._connection, new, None
         assert old is not None
+        for follower in (self._followers or {}).values():
+            follower.let_go()  # its consumer opens again on the new connection
         close_connection(old, min(FAILOVER_CLOSE_S, self.settings.confirm_timeout))
         return True
 

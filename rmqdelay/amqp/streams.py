@@ -8,10 +8,11 @@ until it says stop. A one-off read is a follow that stops; a kept one (``keep``)
 on where the last read stopped, with what came meanwhile.
 
 pika rejects what a consumer still buffers when it is cancelled or its channel closes,
-and RabbitMQ 3.10 answers a reject on a stream by closing the whole connection. So a
-pika consumer is never cancelled: a one-off read runs on a connection of its own (or on a
-reader connection kept for one call and closed after it, :class:`Readers`), and a kept
-one lives as long as its connection.
+and RabbitMQ answers a reject on a stream by closing the whole connection. So a pika
+consumer is never cancelled while its connection lives: a one-off read runs on a
+connection of its own (or on a reader connection kept for one call and closed after it,
+:class:`Readers`), a kept one lives as long as its connection, and before a connection
+closes its consumers are told to drop what they buffer (:func:`_let_go`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pika
 import pika.exceptions
 
 from ..core.journal.steps import Read, ReadEnd, Start, StreamMessage
+from . import pika_private
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
@@ -161,14 +163,37 @@ class BlockingStream:
             self._channel.basic_ack(self._taken, multiple=True)
             self._acked = self._taken
 
+    def let_go(self) -> None:
+        """Before the connection closes: what the consumer buffers, dropped."""
+        _let_go(self._channel)
+
     def close(self) -> None:
         """Close the reader's own connection (what it buffered is read again next time);
         a shared one is the publisher's to close."""
+        self.let_go()  # a shared connection closes after it, the channel with it
         connection, self._connection, self._channel = self._connection, None, None
         self._waiting.clear()
         if connection is not None and not self._shared:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                 connection.close()
+
+
+DRAIN_S = 0.2
+"""How long a consumer is drained before its channel closes, on a pika whose internals
+were not checked (:func:`_let_go`)."""
+
+
+def _let_go(channel: Any) -> None:
+    """Before a consumer's channel or connection closes: what pika buffers for it, and
+    what is on its way, dropped rather than rejected (a reject on a stream closes the
+    connection). On a pika not checked, what is on its way is dispatched first, for
+    :data:`DRAIN_S` (a consumer past its read gets at most its prefetch more)."""
+    if channel is None or not channel.is_open or pika_private.drop_deliveries(channel):
+        return
+    deadline = time.monotonic() + DRAIN_S
+    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+        while (left := deadline - time.monotonic()) > 0:  # it returns once some came
+            channel.connection.process_data_events(time_limit=left)
 
 
 def peek_last(connection: pika.BlockingConnection, step: Read) -> ReadEnd:
@@ -197,6 +222,7 @@ def peek_last(connection: pika.BlockingConnection, step: Read) -> ReadEnd:
         raise
     finally:
         if channel.is_open:
+            _let_go(channel)
             channel.close()
         # what the consumer left for pika to dispatch, dispatched now: else the
         # publisher's next poll (is the connection still open?) would do only that
@@ -220,6 +246,7 @@ class Readers:
         self._open = open_connection
         self._peek = peek
         self._connection: pika.BlockingConnection | None = None
+        self._streams: list[BlockingStream] = []
 
     def read(self, step: Read) -> ReadEnd:
         if step.start == "last" and self._peek is not None and self._connection is None:
@@ -228,10 +255,14 @@ class Readers:
             self._connection = self._open()
         connection = self._connection
         stream = BlockingStream(lambda: connection, shared=True)
+        self._streams.append(stream)
         return stream.read(step)
 
     def close(self) -> None:
         connection, self._connection = self._connection, None
+        streams, self._streams = self._streams, []
+        for stream in streams:
+            stream.let_go()
         if connection is not None:
             with contextlib.suppress(pika.exceptions.AMQPError, OSError):
                 connection.close()

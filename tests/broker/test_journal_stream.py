@@ -272,3 +272,40 @@ async def test_async_list_and_cancel_see_every_copy_too(settings: Settings, amqp
         after = await publisher.list_scheduled()
         assert [r for r in after if r.message_id == "p3"] == []
         assert len(after) == len(listed) - 1
+
+
+@pytest.mark.parametrize("way", ["pika-internals", "public-drain"])
+def test_a_read_stopped_early_closes_its_connection_cleanly(
+    settings: Settings,
+    way: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A read that stops while the broker still sends (its prefetch far from used) leaves
+    deliveries in pika's buffer: closed, pika would reject them, and a stream answers a
+    reject by closing the whole connection (540, logged at ERROR). Dropped instead, by
+    pika's internals or, on a pika not checked, by draining first."""
+    from rmqdelay.amqp import pika_private
+    from rmqdelay.amqp.streams import Readers
+    from rmqdelay.core.journal.steps import Read, StreamMessage
+
+    if way == "public-drain":
+        monkeypatch.setattr(pika_private, "drop_deliveries", lambda _channel: False)
+    _append(settings, _records(3000))
+    caplog.set_level("WARNING", logger="pika")
+    taken: list[StreamMessage] = []
+
+    def take(message: StreamMessage) -> bool:
+        taken.append(message)
+        return len(taken) >= 10
+
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
+    readers = Readers(lambda: connection)
+    try:
+        assert readers.read(Read(journal_name(settings.layout), "first", take, 10.0)) == "done"
+        assert connection.is_open
+    finally:
+        readers.close()
+    assert connection.is_closed and len(taken) == 10
+    refused = [r.getMessage() for r in caplog.records if "NOT_IMPLEMENTED" in r.getMessage()]
+    assert not refused
