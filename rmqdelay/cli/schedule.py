@@ -25,6 +25,7 @@ from .options import (
     argument,
     broker_options,
     epilog,
+    err,
     friendly_errors,
     light_settings_from,
     out,
@@ -33,12 +34,10 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from rich.progress import Progress, TaskID
 
     from ..core.journal.reschedule import RescheduleResult
     from ..core.journal.view import CancelResult
-    from .schedule_rows import Row
 
 __all__ = ["cancel_command", "reschedule_command", "scheduled_app"]
 
@@ -102,10 +101,9 @@ def _due_before(text: str | None, option: str = "--due-before") -> datetime | No
         "recurring schedule its name; a publish ignored or replaced under its key is not "
         "listed, a rescheduled message shows at its new time. Up to 200 rows on a terminal "
         "print as a table; more, or into a pipe or a file, print as plain aligned columns, "
-        "streamed. Soonest first needs the whole journal: a cancel, a reschedule or a key's "
-        "next publish can come after the record it changes, so --limit and the filters "
-        "read all of it too (about as long as listing everything with --json) and only "
-        "print less.",
+        "streamed. It reads the latest checkpoint and the journal after it; with --limit, "
+        "only the checkpoint's soonest copies the page needs (a copy column then counts "
+        "the copies read, which may miss an id's copies due long after the page's last).",
         "rmqdelay scheduled list --destination orders-timeout --limit 20",
         "rmqdelay scheduled list --key order-42 --json",
         "rmqdelay scheduled list --due-before 10m --json",
@@ -119,7 +117,7 @@ def _due_before(text: str | None, option: str = "--due-before") -> datetime | No
     "--limit",
     type=click.IntRange(min=1),
     metavar="N",
-    help="At most this many, soonest first (the journal is still read whole).",
+    help="At most this many, soonest first (only as much of the schedule is read).",
 )
 @click.option("--key", metavar="KEY", help="Only the messages with this key.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -141,7 +139,7 @@ def scheduled_list(
     from ..core.clock import ms_of_datetime
     from ..core.journal.flows import scheduled_rows
     from ..core.journal.reading import require_journal
-    from .schedule_rows import json_lines, numbered, write_lines
+    from .schedule_rows import json_lines, numbered, print_table, write_lines
 
     before = _due_before(due_before)
     settings = light_settings_from(url, prefix, config)
@@ -154,6 +152,7 @@ def scheduled_list(
                 settings.layout,
                 destination=destination,
                 due_before_ms=None if before is None else ms_of_datetime(before),
+                limit=limit,
                 timeout=settings.confirm_timeout,
                 progress=progress,
                 key=key,
@@ -161,7 +160,8 @@ def scheduled_list(
         )
     finally:
         progress.close()
-    # copies are counted over everything the filters let through, then --limit cuts
+    # copies are counted over what was read (with --limit: the checkpoint's copies up to
+    # past the page, and the tail), then --limit cuts
     copies = Counter(map(_message_id, map(_record, rows)))
     if limit is not None:
         del rows[limit:]
@@ -170,7 +170,62 @@ def scheduled_list(
         return
     shown = list(numbered(rows, copies))
     del rows
-    _print_table(shown)
+    print_table(shown, out(emoji=False))
+
+
+@scheduled_app.command(
+    "checkpoint",
+    epilog=epilog(
+        "Readers (workers, scheduled list, cancel, keyed publishes, the dashboard) start "
+        "from the latest checkpoint and read only the journal written after it. Workers "
+        "write one when the journal's tail outgrows the last, publishers when nobody else "
+        "has for 15 minutes; this writes one now: before every worker is stopped for a "
+        "while, or to see what one costs. Another process's checkpoint under way is left "
+        "to finish (exit 1).",
+        "rmqdelay scheduled checkpoint",
+        "rmqdelay scheduled checkpoint --json",
+    ),
+)
+@click.option("--json", "as_json", is_flag=True, help="What was written, as one JSON object.")
+@broker_options
+@friendly_errors
+def scheduled_checkpoint(
+    as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None
+) -> None:
+    """Write a checkpoint of the schedule now, for readers to start from."""
+    from ..amqp.journal import write_checkpoint
+    from ..core.journal.reading import require_journal
+    from ..worker.checkpoints import writer_name
+
+    settings = settings_from(url, prefix, config)
+    require_journal(settings.layout, "`scheduled checkpoint`")
+    started = time.perf_counter()
+    written = write_checkpoint(settings, writer=writer_name())
+    took = time.perf_counter() - started
+    if written.outcome == "no checkpoint stream":
+        raise click.ClickException(
+            f"{settings.layout.prefix}.schedule has no checkpoint stream yet (a journal "
+            "declared before checkpoints): run `rmqdelay topology apply` to add it"
+        )
+    if written.outcome != "written" or written.pointer is None:
+        raise click.ClickException(
+            "another process is writing a checkpoint: it will be the latest once done "
+            "(a writer cut off half-way is taken over 2 minutes after its last part)"
+        )
+    pointer = written.pointer
+    if as_json:
+        said = {"seconds": round(took, 3), "tail_records": written.tail_records}
+        print(json.dumps({**pointer.to_json(), **said, "gap": written.gap}))
+    else:
+        out(emoji=False).print(
+            f"checkpoint {pointer.id} written in {took:.1f} s: "
+            f"{pointer.entries('copies'):,} copies pending, "
+            f"{pointer.bytes:,} bytes, covering the journal up to offset {pointer.covers} "
+            f"({written.tail_records:,} records read since the one before)",
+            highlight=False,
+        )
+    if written.gap_text is not None:
+        err().print(f"warning: {written.gap_text}", highlight=False)
 
 
 class _ReadProgress:
@@ -208,36 +263,6 @@ class _ReadProgress:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def _print_table(shown: list[Row]) -> None:
-    """The rows as a table (rich's on a terminal, when few), then how many."""
-    from .schedule_rows import RICH_ROWS, plain_table, write_lines
-
-    several = len({r.record.message_id for r in shown if r.copies > 1})
-    console = out(emoji=False)
-    if console.is_terminal and len(shown) <= RICH_ROWS:
-        _rich_table(console, shown)
-    else:
-        write_lines(plain_table(shown), sys.stdout.write)
-    summary = f"{len(shown)} scheduled"
-    if several:
-        summary += f" ({several} message id(s) with more than one copy ahead)"
-    console.print(summary)
-
-
-def _rich_table(console: Console, shown: list[Row]) -> None:
-    """A few rows on a terminal: rich's table (0.4 ms a row, so only a few)."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    from .schedule_rows import table_columns
-
-    titles, cells = table_columns(shown)
-    table = Table(*titles)
-    for row in shown:
-        table.add_row(*(escape(cell) for cell in cells(row)))
-    console.print(table)
 
 
 @click.command(

@@ -9,6 +9,7 @@ goes. rich still draws a small table on a terminal (:data:`RICH_ROWS`).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -16,6 +17,8 @@ from ..core.clock import iso_of_ms
 from ..core.journal.records import json_text as _quote
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..core.journal.records import JournalRecord
 
 __all__ = [
@@ -25,6 +28,7 @@ __all__ = [
     "json_lines",
     "numbered",
     "plain_table",
+    "print_table",
     "write_lines",
 ]
 
@@ -205,3 +209,28 @@ def write_lines(lines: Iterable[str], write: Callable[[str], object]) -> int:
         write("\n".join(chunk) + "\n")
         count += len(chunk)
     return count
+
+
+def print_table(shown: list[Row], console: Console) -> None:
+    """The rows as a table (rich's on a terminal, when few), then how many."""
+    several = len({r.record.message_id for r in shown if r.copies > 1})
+    if console.is_terminal and len(shown) <= RICH_ROWS:
+        _rich_table(console, shown)
+    else:
+        write_lines(plain_table(shown), sys.stdout.write)
+    summary = f"{len(shown)} scheduled"
+    if several:
+        summary += f" ({several} message id(s) with more than one copy ahead)"
+    console.print(summary)
+
+
+def _rich_table(console: Console, shown: list[Row]) -> None:
+    """A few rows on a terminal: rich's table (0.4 ms a row, so only a few)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    titles, cells = table_columns(shown)
+    table = Table(*titles)
+    for row in shown:
+        table.add_row(*(escape(cell) for cell in cells(row)))
+    console.print(table)

@@ -123,10 +123,5 @@ class Checkpointer:
             written.pointer.covers,
             written.tail_bytes,
         )
-        if written.gap is not None:
-            log.error(
-                "the journal's records between offsets %d and %d were deleted before a "
-                "checkpoint covered them (raise journal_retention): what they scheduled, "
-                "cancelled or keyed is not in the schedule",
-                *written.gap,
-            )
+        if written.gap_text is not None:
+            log.error("%s", written.gap_text)

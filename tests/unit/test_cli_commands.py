@@ -67,6 +67,7 @@ COMMAND_LINE: dict[str, list[str]] = {
     "parked purge": ["--yes", *DESTINATIONS, *SHARED],
     "scheduled": [],
     "scheduled list": [*DESTINATIONS, "--due-before", "--limit", "--key", "--json", *SHARED],
+    "scheduled checkpoint": ["--json", *SHARED],
     "cancel": ["MESSAGE_IDS", "--key", "--json", *SHARED],
     "reschedule": ["ID_OR_KEY", "--in", "--at", "--json", *SHARED],
     "status": [
@@ -149,7 +150,7 @@ GROUPS = {
     ],
     "topology": ["plan", "apply", "verify", "destroy"],
     "parked": ["list", "replay", "purge"],
-    "scheduled": ["list"],
+    "scheduled": ["list", "checkpoint"],
     "bridge": ["declare", "run"],
     "recurring": ["add", "pause", "resume", "remove", "list"],
 }

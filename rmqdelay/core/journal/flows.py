@@ -128,7 +128,7 @@ def list_scheduled(
         clock=clock,
         key=key,
     )
-    return [record for record, _generation in rows]
+    return [record for record, _generation in rows[:limit]]
 
 
 FIRST_COPIES = 256
@@ -151,7 +151,9 @@ def scheduled_rows(
     ``scheduled list``.
 
     With a ``limit``, the checkpoint's copies are read soonest first only as far as the
-    page needs (:func:`_first_pages`); without one, all of them."""
+    page needs (:func:`_first_pages`): the rows are at least ``limit`` (all there are, if
+    fewer), the first ``limit`` exactly those of the whole journal, for the caller to cut;
+    without one, all of them."""
     if limit is None:
         loaded = yield from load(
             layout, copies=True, timeout=timeout, clock=clock, progress=progress
@@ -164,8 +166,6 @@ def scheduled_rows(
     found = view.pending(clock(), destination=destination, due_before_ms=due_before_ms)
     if key is not None:
         found = [r for r in found if r.key == key]
-    if limit is not None:
-        found = found[:limit]
     return [(r, None if r.key is None else _generation(view, r)) for r in found]
 
 

@@ -83,6 +83,19 @@ class Written:
     tail_bytes: int = 0
     tail_records: int = 0
     gap: tuple[int, int] | None = None
+    """Journal offsets deleted by its retention before a checkpoint covered them."""
+
+    @property
+    def gap_text(self) -> str | None:
+        """What a gap means, for a log or a command to say (None: no gap)."""
+        if self.gap is None:
+            return None
+        start, end = self.gap
+        return (
+            f"the journal's records between offsets {start} and {end} were deleted by its "
+            "retention before a checkpoint covered them (raise journal_retention, and keep "
+            "a worker running): what they scheduled, cancelled or keyed is not in the schedule"
+        )
 
 
 class _Out:
