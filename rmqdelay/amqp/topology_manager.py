@@ -189,7 +189,7 @@ class TopologyManager:
             "declared with another retention (a stream's arguments cannot change): give it "
             f"this one with a policy: rabbitmqctl set_policy {name} '{pattern}' "
             f"'{json.dumps(definition, separators=(',', ':'))}' --apply-to queues "
-            "(see the docs' operations page: moving a journal to checkpoints)"
+            "(docs/protocol.md: moving a journal declared before checkpoints)"
         )
 
     @property

@@ -121,7 +121,8 @@ def apply(
     if manager.delivery_limit_kept:
         out().print(f"note: the parking queue was {DELIVERY_LIMIT_NOTE}")
     for name in manager.retention_kept:
-        out().print(f"note: the stream {name} was {manager.retention_note()}")
+        # one line, never wrapped: it holds a command to copy
+        out().print(f"note: the stream {name} was {manager.retention_note()}", soft_wrap=True)
 
 
 @app.command(

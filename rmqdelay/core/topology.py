@@ -160,7 +160,7 @@ def retention_policy(layout: Layout) -> tuple[str, str, dict[str, Any]]:
         "max-length-bytes": retention,
         "stream-max-segment-size-bytes": segment_bytes(retention),
     }
-    return f"{layout.prefix}-journal-retention", pattern, definition
+    return f"{journal_name(layout)}.retention", pattern, definition
 
 
 def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology:
