@@ -413,9 +413,10 @@ def copies_merge(view: ScheduleView, cutoff_ms: int) -> tuple[Merge, Merge]:
 class Restorer:
     """Takes a checkpoint's parts into a :class:`JournalState`, section by section.
 
-    ``copy_of``: which copies to keep (all by default): a reader of a few ids keeps
-    theirs (the view then holds them alone, :attr:`~.view.ScheduleView.loaded`); a
-    worker reads no copy at all. Bodies join the copies kept."""
+    ``ids``: whose copies to keep (all by default): a reader of a few ids keeps theirs
+    (the view then holds them alone, :attr:`~.view.ScheduleView.loaded`), and decodes
+    only the parts that name one of them; ``hold``: which of those to keep. A worker
+    reads no copy at all. Bodies join the copies kept."""
 
     def __init__(
         self,
@@ -442,6 +443,8 @@ class Restorer:
                 view.restore_copy(record)
                 self.copies += 1
         elif section == "bodies":
+            if self.ids is not None and not self._names_one(body):
+                return
             for entry in decode_entries(body):
                 copy = view.copies.get((str(entry["id"]), int(entry["due"])))
                 if copy is not None:
@@ -451,12 +454,18 @@ class Restorer:
         """The copies of a part this reader keeps."""
         ids, hold = self.ids, self.hold
         if ids is not None:
-            if not any(_quoted(i) in body for i in ids):
+            if not self._names_one(body):
                 return []
             found = [r for r in decode_copies(body) if r.message_id in ids]
         else:
             found = decode_copies(body)
         return found if hold is None else [r for r in found if hold(r)]
+
+
+    def _names_one(self, body: bytes) -> bool:
+        """Whether a part's bytes hold one of :attr:`ids`, as a JSON string (a part
+        that does not is not decoded)."""
+        return any(_quoted(i) in body for i in self.ids or ())
 
 
 def _quoted(message_id: str) -> bytes:

@@ -280,7 +280,8 @@ def cancel(
     view = loaded.state.view
     current = {key: view.keys.current(key) for key in keys}
     keyed = [g.message_id for g in current.values() if g is not None]
-    yield from load_ids(layout, loaded, [*ids, *keyed], timeout=timeout)
+    # a tombstone names copies, never bodies: those parts are left unread
+    yield from load_ids(layout, loaded, [*ids, *keyed], timeout=timeout, sections=COPIES)
     results, tombstones = plan_cancels(view, [*ids, *keyed], clock())
     yield from append(layout, tombstones)
     by_id = {r.message_id: r for r in results}

@@ -405,10 +405,16 @@ def load(
 
 
 def load_ids(
-    layout: Layout, loaded: Loaded, message_ids: Iterable[str], *, timeout: float
+    layout: Layout,
+    loaded: Loaded,
+    message_ids: Iterable[str],
+    *,
+    timeout: float,
+    sections: Collection[Section] = COPIES_AND_BODIES,
 ) -> JournalFlow[None]:
-    """Add the checkpoint's copies (and bodies) of ``message_ids`` to a state :func:`load`
-    read without them: the copies section read through, theirs kept."""
+    """Add the checkpoint's copies (and, unless ``sections`` leaves them out, their
+    bodies) of ``message_ids`` to a state :func:`load` read without them: the sections
+    read through, only the parts that name one of the ids decoded."""
     view = loaded.state.view
     if view.loaded is None:
         return
@@ -418,9 +424,7 @@ def load_ids(
     if loaded.pointer.complete:
         found = JournalState()
         restorer = Restorer(found, ids=wanted)
-        yield from read_sections(
-            layout, loaded.pointer, restorer.take, COPIES_AND_BODIES, timeout=timeout
-        )
+        yield from read_sections(layout, loaded.pointer, restorer.take, sections, timeout=timeout)
         view.load(wanted, found.view.copies.values())
     else:
         view.load(wanted, ())
