@@ -1,7 +1,7 @@
 """A worker's part in keeping the journal's checkpoints: writing one when it is due.
 
 Every :data:`CHECK_S` the worker looks at the checkpoint stream's last message (one
-message): when the journal it read since the latest checkpoint outgrew a quarter of it
+message): when the journal it read since the latest checkpoint outgrew an eighth of it
 (:func:`~rmqdelay.core.journal.checkpoint.due_by_tail`), it writes the next one in a
 thread of its own, on a connection of its own (:func:`~rmqdelay.amqp.journal.write_checkpoint`:
 its folds and its encoding would otherwise hold the event loop for seconds at a million

@@ -486,3 +486,28 @@ def _without_bodies(records: list[JournalRecord]) -> list[JournalRecord]:
     from rmqdelay.core.journal.checkpoint import without_body
 
     return [without_body(r) for r in records]
+
+
+@SETTINGS
+@given(journals(max_checkpoints=1), st.lists(st.sampled_from(ALL), min_size=1, max_size=3))
+def test_a_cancel_folds_only_the_tail_lines_about_its_ids_and_answers_the_same(
+    journal: Journal, asked: list[str]
+) -> None:
+    """A cancel's tail is read filtered (flows._about): the plain records of other
+    messages are skipped undecoded. Its answers and tombstones are those of the whole."""
+    from rmqdelay.core.journal.flows import _about
+
+    wants = _about(asked)
+    whole, filtered = JournalState(), JournalState()
+    for record in journal.records:
+        whole.add(record)
+        if wants(encode_record(record)):
+            filtered.add(record)
+
+    def said(state: JournalState) -> Any:
+        results, tombstones = plan_cancels(state.view, asked, journal.now)
+        return [r.to_json() for r in results], [encode_record(t) for t in tombstones]
+
+    assert said(filtered) == said(whole)
+    for key in KEYS:
+        assert repr(filtered.view.keys.current(key)) == repr(whole.view.keys.current(key))

@@ -13,6 +13,7 @@ delivered before.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -253,6 +254,17 @@ def _first_pages(
         need *= 4
 
 
+def _about(message_ids: Iterable[str]) -> Callable[[bytes], bool]:
+    """Which of the tail's lines a cancel of ``message_ids`` folds: those naming one of
+    them, every keyed record (a key's verdicts hide or free a copy; a key cancelled is
+    found by them) and the markers; the plain records of other messages, most of a
+    journal, are skipped undecoded."""
+    names = [json.dumps(message_id).encode() for message_id in message_ids]
+    return lambda line: (
+        b'"key":' in line or b'"k":"marker"' in line or any(name in line for name in names)
+    )
+
+
 def _generation(view: ScheduleView, record: JournalRecord) -> int | None:
     """A keyed copy's generation (scheduled_rows asks only for those)."""
     entry = view.keys.by_id.get(record.message_id)
@@ -276,7 +288,7 @@ def cancel(
     checkpoint's copies are read for these ids alone."""
     ids = list(message_ids)
     keys = list(dict.fromkeys(keys))
-    loaded = yield from load(layout, timeout=timeout, clock=clock)
+    loaded = yield from load(layout, timeout=timeout, clock=clock, wants=_about(ids))
     view = loaded.state.view
     current = {key: view.keys.current(key) for key in keys}
     keyed = [g.message_id for g in current.values() if g is not None]

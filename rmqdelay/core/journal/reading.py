@@ -383,10 +383,12 @@ def load(
     timeout: float,
     clock: Clock,
     progress: Callable[[int], None] | None = None,
+    wants: Callable[[bytes], bool] | None = None,
 ) -> JournalFlow[Loaded]:
     """The journal folded: the latest checkpoint's core (its copies and bodies too with
-    ``copies``), then the tail after it. Without ``copies`` the state holds the tail's
-    copies alone (:attr:`~.view.ScheduleView.loaded`): :func:`load_ids` adds some."""
+    ``copies``), then the tail after it (its lines ``wants`` says yes to, markers
+    among them; all by default). Without ``copies`` the state holds the tail's copies
+    alone (:attr:`~.view.ScheduleView.loaded`): :func:`load_ids` adds some."""
     require_journal(layout, "reading the schedule")
     found = yield from latest(layout, timeout)
     mark = found if isinstance(found, Mark) else None
@@ -399,7 +401,7 @@ def load(
         if copies:
             state.view.loaded = None
     tail = yield from read_tail(
-        layout, pointer, state.add, timeout=timeout, clock=clock, progress=progress
+        layout, pointer, state.add, timeout=timeout, clock=clock, progress=progress, wants=wants
     )
     return Loaded(state, pointer, mark, tail)
 
