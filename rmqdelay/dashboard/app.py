@@ -254,7 +254,12 @@ class Dashboard:
         async def work() -> dict[str, Any]:
             query = self._query(request)
             now = now_ms()
-            index = await self.schedule.index(now)
+            try:
+                index = await self.schedule.index(now)
+            except StillReading as reading:
+                if not query.first_soonest:
+                    raise
+                return await self._first_page(request, query, reading, now)
             page = index.page(query, now)
             rows = [
                 {
@@ -271,11 +276,33 @@ class Dashboard:
                 "total": page.total,
                 "filters": dict(request.query_params),
                 "page_sizes": PAGE_SIZES,
-                "destinations": sorted(index.by_destination(now)),
+                "destinations": index.destinations(),
                 "note": self.schedule.note,
             }
 
         return await self.guarded(request, work, "scheduled.html")
+
+    async def _first_page(
+        self, request: Request, query: PageQuery, reading: StillReading, now: int
+    ) -> dict[str, Any]:
+        """The first page while the schedule is first read: as ``scheduled list --limit``
+        reads it; counts, filters and further pages once the store is in."""
+        rows = await self.schedule.preview(query.limit, now)
+        return {
+            "title": "Scheduled",
+            "rows": [{**_record_json(r), "copy": 1, "copies": 1} for r in rows],
+            "next_cursor": None,
+            "total": None,
+            "filters": dict(request.query_params),
+            "page_sizes": PAGE_SIZES,
+            "destinations": [],
+            "note": (
+                f"{reading}: the first {query.limit} are read from the latest checkpoint "
+                "and the journal after it; counts, filters and the next pages come once "
+                "the schedule is read"
+            ),
+            "reading": True,
+        }
 
     async def message(self, request: Request) -> Response:
         message_id = request.path_params["message_id"]

@@ -64,6 +64,13 @@ class PageQuery:
     after: str | None = None
     limit: int = 50
 
+    @property
+    def first_soonest(self) -> bool:
+        """The first page of everything, soonest first: what ``scheduled list --limit``
+        answers, and so a page shown before the store is read (:mod:`.schedule`)."""
+        filters = (self.destination, self.key, self.message_id, self.due_from_ms, self.due_to_ms)
+        return self.order == "soonest" and self.after is None and filters == (None,) * 5
+
 
 @dataclass(frozen=True)
 class Page:

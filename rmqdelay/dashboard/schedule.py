@@ -110,6 +110,11 @@ def numbered(store: ScheduleStore, rows: tuple[JournalRecord, ...], now_ms: int)
     return out
 
 
+PREVIEW_FOR_MS = 2000
+"""How long a first page read before the store is (:meth:`ScheduleSource.preview`) is
+shown again rather than read again."""
+
+
 class ScheduleSource:
     """The dashboard's schedule store, followed live (see the module's docstring).
     Used from the dashboard's event loop only (the follower folds records on it)."""
@@ -126,6 +131,7 @@ class ScheduleSource:
         self._read_to = 0
         """The latest of them a finished read covers."""
         self._forgot_ms = 0
+        self._preview: tuple[int, int, list[JournalRecord]] | None = None
 
     @property
     def exact(self) -> bool:
@@ -163,6 +169,24 @@ class ScheduleSource:
             self._forgot_ms = now_ms
             self._store.forget(now_ms, self.settings.layout.max_delay_ms)
         return self._store
+
+    async def preview(self, limit: int, now_ms: int) -> list[JournalRecord]:
+        """While the store is first read (seconds at a million pending): the first page
+        soonest first as ``scheduled list --limit`` reads it, the latest checkpoint's
+        soonest copies and the journal after it, on a thread and a connection of its
+        own; read again after :data:`PREVIEW_FOR_MS`."""
+        from ..amqp.journal import read_once
+        from ..core.journal.flows import list_scheduled
+
+        kept = self._preview
+        if kept is not None and now_ms - kept[0] < PREVIEW_FOR_MS and kept[1] >= limit:
+            return kept[2][:limit]
+        flow = list_scheduled(
+            self.settings.layout, limit=limit, timeout=self.settings.confirm_timeout
+        )
+        rows = await asyncio.to_thread(read_once, self.settings, flow)
+        self._preview = (now_ms, limit, rows)
+        return rows
 
     async def recurring(self, now_ms: int) -> list[RecurringSchedule]:
         """Every recurring schedule not removed, folded from the same journal."""

@@ -28,7 +28,6 @@ from typing import Any
 
 from ..core.journal.checkpoint import (
     JournalState,
-    decode_copies,
     decode_entries,
     with_body,
     without_body,
@@ -39,7 +38,7 @@ from .pages import BUCKETS, Page, PageQuery, cursor, parse_cursor, place
 
 __all__ = ["FORMAT", "ScheduleStore"]
 
-FORMAT = 1
+FORMAT = 2
 """The file's layout; a file of another is read afresh from the journal."""
 _FLUSH_AT = 2000
 """Writes the copies hold back before they reach SQLite (one ``executemany``)."""
@@ -47,13 +46,15 @@ _FLUSH_AT = 2000
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS copies (
     id TEXT NOT NULL, due INTEGER NOT NULL, dest TEXT NOT NULL, recorded INTEGER NOT NULL,
-    key TEXT, live INTEGER NOT NULL, record BLOB NOT NULL, PRIMARY KEY (id, due)
-) WITHOUT ROWID;
+    key TEXT, live INTEGER NOT NULL, record BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS history (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, record BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS copies_id ON copies (id, due)"
+"""A copy is its id and due time: built first, as bodies and later writes look copies up."""
 _INDEXES = """
 CREATE INDEX IF NOT EXISTS copies_soonest ON copies (live, due, id);
 CREATE INDEX IF NOT EXISTS copies_newest ON copies (live, recorded DESC, id, due);
@@ -62,6 +63,14 @@ CREATE INDEX IF NOT EXISTS copies_dest_newest ON copies (dest, live, recorded DE
 CREATE INDEX IF NOT EXISTS copies_key ON copies (key) WHERE key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS history_id ON history (id);
 """
+_COPIES_INDEXES = (
+    "copies_id",
+    "copies_soonest",
+    "copies_newest",
+    "copies_dest_soonest",
+    "copies_dest_newest",
+    "copies_key",
+)
 _UPSERT = (
     "INSERT OR REPLACE INTO copies (id, due, dest, recorded, key, live, record) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -178,6 +187,7 @@ class ScheduleStore:
         self._history: list[tuple[str, bytes]] = []
         self._indexed = False
         self.db.execute("BEGIN")
+        self._ensure_indexes()  # a store fed record by record needs them from the first
 
     def _flush(self) -> None:
         """What waits in memory, written: the copies' writes and the history's."""
@@ -224,9 +234,14 @@ class ScheduleStore:
         self.offset = offset
 
     def clear(self) -> None:
-        """Forget everything (a fresh read follows)."""
+        """Forget everything (a fresh read follows). The copies' indexes go too: a
+        checkpoint's copies go in faster without them (in due order: appended), and
+        :meth:`loaded` builds them once."""
         self.copies._put.clear()
         self._history.clear()
+        for index in _COPIES_INDEXES:
+            self.db.execute(f"DROP INDEX IF EXISTS {index}")
+        self._indexed = False
         for table in ("copies", "history", "meta"):
             self.db.execute(f"DELETE FROM {table}")
         self.state = JournalState(ScheduleView(copies=self.copies))
@@ -239,21 +254,17 @@ class ScheduleStore:
 
     def take_part(self, section: str, body: bytes) -> None:
         """One part of a checkpoint (core first, then copies, then bodies): copies go in
-        by the thousand, their ``live`` set from the core already restored; the indexes
-        are built once they are all in (:meth:`_ensure_indexes`)."""
+        by the thousand, as their lines (the columns read with one JSON parse of the
+        part, no record made), ``live`` from the core already restored; the indexes are
+        built once they are all in (:meth:`loaded`; the id's before the bodies)."""
         view = self.view
         if section == "core":
             for entry in decode_entries(body):
                 self.state.restore(entry)
         elif section == "copies":
-            records = decode_copies(body)
-            lines = body.split(b"\n")
-            same = len(lines) == len(records)
-            rows = [
-                _row(r, self._live(r), lines[i] if same else None) for i, r in enumerate(records)
-            ]
-            self.db.executemany(_UPSERT, rows)
+            self.db.executemany(_UPSERT, self._rows(body))
         elif section == "bodies":
+            self.db.execute(_ID_INDEX)
             for entry in decode_entries(body):
                 key = (str(entry["id"]), int(entry["due"]))
                 row = self.db.execute(
@@ -267,12 +278,27 @@ class ScheduleStore:
                     )
         view.loaded = None
 
+    def _rows(self, body: bytes) -> list[_ROW]:
+        """A copies part's rows: ``live`` unless a tombstone names the copy or its key's
+        verdict hides it (:meth:`_live`, without making the record)."""
+        lines = body.split(b"\n")
+        objects = json.loads(b"[" + b",".join(lines) + b"]")
+        cancelled, hides = self.view.cancelled, self.view.keys.hides
+        rows: list[_ROW] = []
+        for line, o in zip(lines, objects, strict=True):
+            message_id, due, key = o["id"], o["due"], o.get("key")
+            named = cancelled.get(message_id)
+            live = (named is None or due not in named) and (key is None or not hides(message_id))
+            rows.append((message_id, due, o.get("d", ""), o.get("t", 0), key, int(live), line))
+        return rows
+
     def loaded(self) -> None:
         """The checkpoint is in: build the indexes now, once."""
         self._ensure_indexes()
 
     def _ensure_indexes(self) -> None:
         if not self._indexed:  # in the open transaction (``executescript`` would commit it)
+            self.db.execute(_ID_INDEX)
             for statement in filter(str.strip, _INDEXES.split(";")):
                 self.db.execute(statement)
             self._indexed = True
@@ -384,6 +410,18 @@ class ScheduleStore:
             where += " AND due < ?"
             args.append(query.due_to_ms)
         return where, args
+
+    def destinations(self) -> list[str]:
+        """Every destination a copy held names, each found by one seek of the
+        destination index (a page's filter list: counting them, as
+        :meth:`by_destination` does, walks every pending copy)."""
+        self._flush()
+        rows = self.db.execute(
+            "WITH RECURSIVE d(dest) AS (SELECT min(dest) FROM copies UNION ALL "
+            "SELECT (SELECT min(dest) FROM copies WHERE dest > d.dest) FROM d "
+            "WHERE d.dest IS NOT NULL) SELECT dest FROM d WHERE dest IS NOT NULL"
+        ).fetchall()
+        return [dest for (dest,) in rows]
 
     def by_destination(self, now_ms: int) -> dict[str, int]:
         """Pending copies per destination (destinations with none left out)."""

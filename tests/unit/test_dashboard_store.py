@@ -185,6 +185,8 @@ def test_counts_per_destination_and_due_bucket(records: list[JournalRecord], now
     for r in pending:
         per_destination[r.destination] = per_destination.get(r.destination, 0) + 1
     assert index.by_destination(now) == dict(sorted(per_destination.items()))
+    held = ScheduleView().extend(records).copies.values()
+    assert index.destinations() == sorted({r.destination for r in held})
     buckets = index.due_buckets(now)
     assert list(buckets) == [name for name, _ in BUCKETS]
     assert sum(buckets.values()) == len(pending)
