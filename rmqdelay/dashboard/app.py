@@ -36,7 +36,7 @@ from .binding import Access, access_of
 from .overview import StatusWatch, broker_facts, worker_health
 from .pages import BUCKETS, PageQuery
 from .refusals import explain, is_refusal, scrub
-from .schedule import HISTORY_KINDS, ScheduleSource, StillReading, numbered
+from .schedule import HISTORY_KINDS, PREVIEW_AFTER_S, ScheduleSource, StillReading, numbered
 from .security import SESSION_COOKIE, Guard, Refused, check_post, csrf_token, session_value
 
 __all__ = ["Dashboard", "create_app"]
@@ -254,8 +254,10 @@ class Dashboard:
         async def work() -> dict[str, Any]:
             query = self._query(request)
             now = now_ms()
+            # the first page does not wait for the store: it has a way of its own
+            wait_s = PREVIEW_AFTER_S if query.first_soonest else None
             try:
-                index = await self.schedule.index(now)
+                index = await self.schedule.index(now, wait_s=wait_s)
             except StillReading as reading:
                 if not query.first_soonest:
                     raise

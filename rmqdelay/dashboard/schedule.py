@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HISTORY_KINDS",
+    "PREVIEW_AFTER_S",
     "Row",
     "ScheduleSource",
     "StillReading",
@@ -110,6 +111,8 @@ def numbered(store: ScheduleStore, rows: tuple[JournalRecord, ...], now_ms: int)
     return out
 
 
+PREVIEW_AFTER_S = 0.3
+"""How long the first page waits for the store before it is read the other way."""
 PREVIEW_FOR_MS = 2000
 """How long a first page read before the store is (:meth:`ScheduleSource.preview`) is
 shown again rather than read again."""

@@ -496,8 +496,9 @@ def test_the_checkpoint_is_read_off_the_event_loop_and_the_page_says_how_far_it_
     shared_topology: TestTopology, dashboard: Dashboards, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Reading a big checkpoint into the store takes seconds: it runs in a worker thread
-    (held here until the test lets it go), and meanwhile the loop serves every page, the
-    Scheduled page saying what it reads."""
+    (held here until the test lets it go), and meanwhile the loop serves every page: the
+    Scheduled page's first page read as ``scheduled list --limit`` reads it, saying what
+    it reads; a filter or another order waits for the store."""
     dest = shared_topology.dest("dash")
     settings = _settings(shared_topology.settings([dest]), shared_topology.shared.amqp_url)
     ids = [f"dash-{n}-{uuid.uuid4().hex[:6]}" for n in range(3)]
@@ -517,10 +518,16 @@ def test_the_checkpoint_is_read_off_the_event_loop_and_the_page_says_how_far_it_
     try:
         client = dashboard(settings)  # its start-up reads the checkpoint, then the journal
         assert loading.wait(60), "the load never started"
-        page = client.get("/scheduled")
-        assert page.status_code == 503, page.text[:300]
+        page = client.get("/scheduled", params={"limit": 1000})
+        assert page.status_code == 200, page.text[:300]
         assert "reading the schedule: the latest checkpoint" in page.text, page.text[:500]
-        api = client.get("/api/scheduled")
+        assert all(message_id in page.text for message_id in ids)
+        first = client.get("/api/scheduled", params={"limit": 1000})
+        assert first.status_code == 200 and first.json()["total"] is None, first.text[:300]
+        with Publisher(settings) as publisher:
+            listed = [r.message_id for r in publisher.list_scheduled(limit=1000)]
+        assert [r["message_id"] for r in first.json()["rows"]] == listed
+        api = client.get("/api/scheduled", params={"destination": dest})
         assert api.status_code == 503 and api.json()["loading"] is True, api.text
         assert "reading the schedule" in client.get("/api/overview").json()["schedule"]["problem"]
         assert client.get("/login").status_code == 200
