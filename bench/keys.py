@@ -23,6 +23,7 @@ WORKLOADS = (  # the suite runs them in this order (start-up first, on the quiet
     "startup",
     "list",
     "index",
+    "history",
     "publish",
     "e2e",
     "radix",
@@ -145,6 +146,47 @@ def from_index(r: dict[str, Any], params: dict[str, Any]) -> Figures:
     out["index.follower.read"] = fig(follower.get("read_s"), "s")
     out["index.follower.rss"] = fig(follower.get("rss_growth_mib"), "MiB")
     return out
+
+
+HISTORY_SHOWN = {
+    "worker": "worker start to first handled",
+    "list": "scheduled list --limit 50",
+    "cancel": "cancel ID",
+    "keyed": "keyed publish (CLI)",
+    "dashboard": "dashboard start to first page",
+    "restart": "dashboard restart to first page",
+}
+
+
+def from_history(r: dict[str, Any]) -> Figures:
+    """Per cell (``h10m_p1m``: 10M records of history, 1M pending), each operation's
+    median with its ratio to the same at no history, the bytes it read, its peak RSS."""
+    out: Figures = {}
+    for name, cell in r.items():
+        disk = cell.get("disk_bytes") or {}
+        out[f"history.{name}.history"] = fig(cell["history"], "records")
+        out[f"history.{name}.pending"] = fig(cell["pending"], "records")
+        out[f"history.{name}.disk"] = fig(_mb(disk.get("journal")), "MB")
+        out[f"history.{name}.checkpoints_disk"] = fig(_mb(disk.get("checkpoints")), "MB")
+        for op, text in HISTORY_SHOWN.items():
+            row = cell["operations"].get(op)
+            if row is None:
+                continue
+            out[f"history.{name}.{op}"] = fig(
+                row["median_s"],
+                "s",
+                ratio=row.get("ratio_to_no_history"),
+                runs=row.get("runs_s"),
+                rss=row.get("peak_rss_mib"),
+                read_mb=_mb(row.get("read_bytes")),
+                ready=row.get("ready_s"),
+                text=text,
+            )
+    return out
+
+
+def _mb(size: Any) -> Any:
+    return None if size is None else size / 1e6
 
 
 def _ms(seconds: Any) -> Any:
@@ -448,6 +490,7 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "startup": lambda doc: from_startup(doc["results"], doc["params"]),
     "list": lambda doc: from_list(doc["results"], doc["params"]),
     "index": lambda doc: from_index(doc["results"], doc["params"]),
+    "history": lambda doc: from_history(doc["results"]),
     "e2e": lambda doc: from_e2e(doc["results"], doc["params"]),
     "radix": lambda doc: from_radix(doc["results"]),
     "hops": lambda doc: from_hops(doc["results"], doc["params"]),

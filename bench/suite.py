@@ -131,6 +131,10 @@ class SuiteSizes:
     list_messages: int = 100_000
     # index
     index_messages: int = 1_000_000
+    history: str = "0,1000000,10000000"
+    """bench.history's grid: records of history ..."""
+    history_pending: str = "0,1000000"
+    """... by records pending."""
     seed: int = 1234
 
     @classmethod
@@ -161,6 +165,8 @@ class SuiteSizes:
             engine43_args=ENGINE43_QUICK,
             list_messages=10_000,
             index_messages=20_000,
+            history="0,100000",
+            history_pending="0,20000",
         )
 
     def steady_sizes(self, rate: float, duration_s: float | None = None, **kw: Any) -> Sizes:
@@ -711,6 +717,17 @@ async def workload_index(suite: Suite) -> None:
         raise RuntimeError("bench.schedule_index failed")
 
 
+async def workload_history(suite: Suite) -> None:
+    """Every reader of the journal against its history (:mod:`bench.history`)."""
+    from bench.history import main as history_main
+
+    s = suite.sizes
+    argv = ["--url", suite.url, "--out", str(suite.out / "history.json")]
+    argv += ["--history", s.history, "--pending", s.history_pending, "--repeats", str(s.repeats)]
+    if await asyncio.to_thread(history_main, argv) != 0:
+        raise RuntimeError("bench.history failed")
+
+
 async def workload_hops(suite: Suite) -> None:
     """Broker CPU per delivered message and lateness at the default layout, against the
     plain queue and the broker alone doing the hops (:class:`bench.peers.hopchain.HopChainPeer`).
@@ -827,6 +844,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "startup": workload_startup,
     "list": workload_list,
     "index": workload_index,
+    "history": workload_history,
     "publish": workload_publish,
     "e2e": workload_e2e,
     "radix": workload_radix,
