@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rmqdelay.core.journal.checkpoint import (
@@ -490,6 +490,17 @@ def _without_bodies(records: list[JournalRecord]) -> list[JournalRecord]:
 
 @SETTINGS
 @given(journals(max_checkpoints=1), st.lists(st.sampled_from(ALL), min_size=1, max_size=3))
+@example(  # a keyed copy's tombstone names no key, and settles the key's generation
+    Journal(
+        [
+            JournalRecord("scheduled", "m0/k0", "a", T0, key="k0", recorded_at_ms=T0 - MIN),
+            JournalRecord("cancelled", "m0/k0", "a", T0, recorded_at_ms=T0 - MIN),
+        ],
+        {0: T0 - 10 * MIN},
+        T0 - 10 * MIN,
+    ),
+    ["m0"],
+)
 def test_a_cancel_folds_only_the_tail_lines_about_its_ids_and_answers_the_same(
     journal: Journal, asked: list[str]
 ) -> None:

@@ -255,13 +255,14 @@ def _first_pages(
 
 
 def _about(message_ids: Iterable[str]) -> Callable[[bytes], bool]:
-    """Which of the tail's lines a cancel of ``message_ids`` folds: those naming one of
-    them, every keyed record (a key's verdicts hide or free a copy; a key cancelled is
-    found by them) and the markers; the plain records of other messages, most of a
-    journal, are skipped undecoded."""
+    """Which of the tail's lines a cancel of ``message_ids`` folds: every line but the
+    plain ``scheduled`` records of other messages, most of a journal, skipped undecoded.
+    Those touch only their own id; a keyed one (its key's verdicts hide or free a copy),
+    a tombstone, claim, done or move (each may settle a key's generation) and the
+    markers are all kept."""
     names = [json.dumps(message_id).encode() for message_id in message_ids]
     return lambda line: (
-        b'"key":' in line or b'"k":"marker"' in line or any(name in line for name in names)
+        b'"k":"scheduled"' not in line or b'"key":' in line or any(name in line for name in names)
     )
 
 
