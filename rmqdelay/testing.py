@@ -30,9 +30,10 @@ from .core.journal.recurring import RecurringResult, RecurringSchedule
 from .core.journal.reschedule import RescheduleResult
 from .core.journal.steps import Append, Read, ReadEnd, StreamMessage
 from .core.journal.view import CancelResult
+from .core.journal.writer import write
 from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
 from .core.publisher_core import PublisherCore
-from .core.steps import RECONNECT_PAUSES, CheckQueue, Failover, Flow, Step, run_flow
+from .core.steps import RECONNECT_PAUSES, Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
 from .settings import Settings
 
 __all__ = ["AsyncInMemoryPublisher", "Failure", "InMemoryPublisher", "SentMessage"]
@@ -241,6 +242,11 @@ class _Memory:
         return run_flow(flow, self._do)
 
     def _do(self, step: Step) -> object:
+        if isinstance(step, Checkpoint):  # written at once: a test sees it after the call
+            layout, clock_ms = self.core.layout, self._now_ms
+            flow = write(layout, writer=step.writer, timeout=1.0, clock=clock_ms, due=step.due)
+            run_flow(flow, self._do)
+            return None
         if isinstance(step, CheckQueue):
             return self._exists(step.queue)
         if isinstance(step, Failover):

@@ -24,11 +24,11 @@ from ..core.journal.reschedule import RescheduleResult
 from ..core.journal.steps import Read
 from ..core.journal.view import CancelResult
 from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
-from ..core.steps import CheckQueue, Failover, Flow, Send, Step, Steps
+from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
 from .connections import connect_async
-from .journal import journal_step_async
+from .journal import checkpoint_aside, journal_step_async
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 from .recurring_api import AsyncRecurringMethods
@@ -111,6 +111,7 @@ class AsyncPublisher(
     _opening: asyncio.Lock | None = None
     _watched: AbstractConnection | None = None
     _followers: dict[str, AsyncStream] | None = None
+    _checkpointing: asyncio.Future[None] | None = None
 
     async def connect(self) -> AsyncPublisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -121,6 +122,9 @@ class AsyncPublisher(
     async def close(self) -> None:
         """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
+        checkpointing, self._checkpointing = self._checkpointing, None
+        if checkpointing is not None:
+            await checkpointing  # a short-lived process would leave it cut off
         channel, self._channel = self._channel, None
         followers, self._followers = self._followers or {}, None
         for follower in followers.values():
@@ -255,6 +259,12 @@ class AsyncPublisher(
         return cast(T, steps.value)
 
     async def _do(self, step: Step) -> object:
+        if isinstance(step, Checkpoint):  # on the side: see Publisher._checkpoint_aside
+            running = self._checkpointing
+            if running is None or running.done():
+                work = asyncio.to_thread(checkpoint_aside, self.settings, step)
+                self._checkpointing = asyncio.ensure_future(work)
+            return None
         if isinstance(step, CheckQueue):
             return await self._queue_exists(step.queue)
         if isinstance(step, Failover):

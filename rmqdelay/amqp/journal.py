@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -29,7 +30,7 @@ from ..core.journal.reading import JournalFlow, UntilMarker
 from ..core.journal.records import JournalRecord
 from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, Start, StreamMessage
 from ..core.layout import Layout
-from ..core.steps import Steps
+from ..core.steps import Checkpoint, Steps
 from ..settings_light import BrokerSettings
 from .blocking import close_connection
 from .connections import connect_blocking
@@ -46,10 +47,13 @@ if TYPE_CHECKING:
     from ..core.journal.checkpoint import Mark
     from ..core.journal.writer import Written
 
+log = logging.getLogger("rmqdelay.publisher")
+
 __all__ = [
     "JournalTail",
     "JournalWriter",
     "append_records",
+    "checkpoint_aside",
     "journal_step_async",
     "read_once",
     "run_journal",
@@ -449,6 +453,20 @@ def write_checkpoint(
         return run_journal(flow, connection, lambda: connection)
     finally:
         close_connection(connection, settings.confirm_timeout)
+
+
+def checkpoint_aside(settings: BrokerSettings, step: Checkpoint) -> None:
+    """A publisher's :class:`~rmqdelay.core.steps.Checkpoint`, in the thread it runs it
+    on: written, or the reason it was not logged (the publish it followed stands)."""
+    try:
+        written = write_checkpoint(settings, writer=step.writer, due=step.due)
+    except Exception as exc:  # a later publish tries again
+        log.warning("no checkpoint written after this publish: %s", exc)
+        return
+    if written.pointer is not None:
+        log.info("no writer for a while: this publisher wrote checkpoint %s", written.pointer.id)
+    if written.gap_text is not None:
+        log.error("%s", written.gap_text)
 
 
 CHECKPOINT_READ_TIMEOUT_S = 60.0

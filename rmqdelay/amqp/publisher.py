@@ -11,6 +11,7 @@ publish.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -24,11 +25,11 @@ from ..core.journal.reschedule import RescheduleResult
 from ..core.journal.steps import Append, Read
 from ..core.journal.view import CancelResult
 from ..core.outgoing import Outcome, Prepared, PublishResult
-from ..core.steps import CheckQueue, Failover, Flow, Step, run_flow
+from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
 from .connections import connect_blocking
-from .journal import append_records
+from .journal import append_records, checkpoint_aside
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
@@ -51,6 +52,7 @@ class Publisher(
 
     _channel: ConfirmChannel | None = None
     _followers: dict[str, BlockingStream] | None = None
+    _checkpointing: threading.Thread | None = None
 
     def connect(self) -> Publisher:
         """Open the connection (unless given one) and the confirm channel."""
@@ -61,6 +63,9 @@ class Publisher(
     def close(self) -> None:
         """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
+        checkpointing, self._checkpointing = self._checkpointing, None
+        if checkpointing is not None:
+            checkpointing.join()  # a short-lived process would leave it cut off
         channel, self._channel = self._channel, None
         followers, self._followers = self._followers or {}, None
         for follower in followers.values():
@@ -187,6 +192,9 @@ class Publisher(
             readers.close()
 
     def _do(self, step: Step, readers: Readers) -> object:
+        if isinstance(step, Checkpoint):
+            self._checkpoint_aside(step)
+            return None
         if isinstance(step, CheckQueue):
             return self._queue_exists(step.queue)
         if isinstance(step, Failover):
@@ -198,6 +206,19 @@ class Publisher(
                 return readers.read(step)
             return self._kept(step.keep).read(step)
         return self._send(step.batch)
+
+    def _checkpoint_aside(self, step: Checkpoint) -> None:
+        """Write a checkpoint in a thread of its own (one at a time); :meth:`close`
+        waits for it."""
+        running = self._checkpointing
+        if running is not None and running.is_alive():
+            return
+        thread = threading.Thread(
+            target=checkpoint_aside, args=(self.settings, step), name="rmqdelay-checkpoint"
+        )
+        thread.daemon = True
+        self._checkpointing = thread
+        thread.start()
 
     def _kept(self, name: str) -> BlockingStream:
         """The consumer a keyed publish (or a reschedule) keeps between calls."""

@@ -48,7 +48,6 @@ from .journal.records import (
 from .journal.reschedule import RescheduleResult, plan_reschedule
 from .journal.steps import journal_properties
 from .journal.view_follow import ViewFollower, load_copies, read_on, view_follower
-from .journal.writer import write as write_checkpoint
 from .layout import Layout
 from .messages import ATTEMPT, CARRIED, KEY, MessageProperties, clean_headers, encode_body
 from .outgoing import (
@@ -65,7 +64,7 @@ from .outgoing import (
 )
 from .plan import DelayPlan, Route, check_max_delay, plan_delay, plan_route
 from .routing import validate_destination
-from .steps import CheckQueue, Failover, Flow, Send
+from .steps import Checkpoint, CheckQueue, Failover, Flow, Send
 from .templates import REMEMBERED, PropertyTemplates, new_message_id, plain_carried
 from .wire import encode_properties
 
@@ -380,8 +379,9 @@ class PublisherCore:
     def checkpoint_when_quiet(self) -> Flow[None]:
         """Publishers write checkpoints too, when nothing else does: at its first
         publish, then every :data:`CHECKPOINT_CHECK_MS`, a publisher reads the checkpoint
-        stream's last message (one message), and writes a checkpoint when no writer
-        spoke for :data:`~.journal.checkpoint.QUIET_MS` (no worker, no dashboard runs).
+        stream's last message (one message), and has a checkpoint written, on the side
+        (:class:`~.steps.Checkpoint`), when no writer spoke for
+        :data:`~.journal.checkpoint.QUIET_MS` (no worker, no dashboard runs).
         So a journal that only publishers write to never grows past a checkpoint's reach
         (its retention is by size: :mod:`.journal.checkpoint`). Best effort: a failure
         is logged, and the publish it follows stands."""
@@ -392,18 +392,9 @@ class PublisherCore:
         try:
             found = yield from journal_reading.latest(self.layout, self.read_back_timeout)
             if isinstance(found, Mark) and found.quiet(now):
-                written = yield from write_checkpoint(
-                    self.layout,
-                    writer=self.writer,
-                    timeout=max(self.read_back_timeout, 60.0),
-                    clock=clock.now_ms,
-                    due=lambda mark: mark is not None and mark.quiet(clock.now_ms()),
+                yield Checkpoint(
+                    self.writer, due=lambda mark: mark is not None and mark.quiet(clock.now_ms())
                 )
-                if written.pointer is not None:
-                    log.info(
-                        "no writer for a while: this publisher wrote checkpoint %s",
-                        written.pointer.id,
-                    )
         except Exception as exc:  # the publish it follows stands: a later one tries again
             log.warning("no checkpoint check or write after this publish: %s", exc)
 

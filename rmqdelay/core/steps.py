@@ -1,8 +1,9 @@
 """The step protocol: what a publish flow asks of the adapter that runs it.
 
 A flow is a generator that yields the only things needing a broker, :class:`CheckQueue`
-(a passive check), :class:`Send` (send and wait for confirms) and :class:`Failover`
-(move to another node), and gets their answers back. Keeping the protocol apart from
+(a passive check), :class:`Send` (send and wait for confirms), :class:`Failover` (move to
+another node) and :class:`Checkpoint` (write one, on the side), and gets their answers
+back. Keeping the protocol apart from
 the flows lets an adapter (pika, aio-pika, the in-memory stub) depend on it alone.
 """
 
@@ -12,12 +13,14 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
+from .journal.checkpoint import Mark
 from .journal.steps import Append, Read
 from .outgoing import Prepared
 
 __all__ = [
     "RECONNECT_PAUSES",
     "CheckQueue",
+    "Checkpoint",
     "Failover",
     "Flow",
     "Send",
@@ -60,7 +63,19 @@ class Failover:
     reason: str
 
 
-Step = CheckQueue | Send | Failover | Append | Read
+@dataclass(frozen=True)
+class Checkpoint:
+    """A step: write a checkpoint of the journal, on the side. A publisher's adapter starts
+    it on a thread and a connection of its own and answers at once (at a million pending
+    it takes seconds, which the publish it follows must not wait for); closing the
+    publisher waits for it. ``due``, given the checkpoint stream's last message when the
+    writer starts, says whether one is still due (another process may have written it)."""
+
+    writer: str
+    due: Callable[[Mark | None], bool]
+
+
+Step = CheckQueue | Send | Failover | Append | Read | Checkpoint
 """What a flow asks of its adapter: a publish's steps, and the journal's
 (:mod:`.journal_steps`), so a publisher carries out both alike."""
 Flow = Generator[Step, Any, T]
