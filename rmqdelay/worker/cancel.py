@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import aiormq
 from aio_pika.abc import AbstractConnection
@@ -34,6 +34,7 @@ from .hooks import WorkerHook
 __all__ = ["CancelFilter", "Follower"]
 
 log = logging.getLogger("rmqdelay.worker")
+T = TypeVar("T")
 _EXPIRE_EVERY_MS = 60_000
 
 
@@ -92,18 +93,21 @@ class CancelFilter(WorkerHook):
     def _wants(self, line: bytes) -> bool:
         return self.tombstones.wants(line) or any(f.wants(line) for f in self.followers)
 
-    async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
+    async def _in_time(self, work: Awaitable[T], what: str) -> T:
+        """``work`` within the read timeout; a missing journal is the worker's error, a
+        late answer the connection's (the runner connects again)."""
         try:
-            pointer, entries = await asyncio.wait_for(
-                run_journal_async(load_core(self.layout, timeout=self.read_timeout), connection),
-                self.read_timeout,
-            )
+            return await asyncio.wait_for(work, self.read_timeout)
         except TopologyError as exc:
             raise WorkerError(str(exc)) from None
         except asyncio.TimeoutError:
-            raise aiormq.exceptions.AMQPConnectionError(
-                "the schedule journal's latest checkpoint was not read in time"
-            ) from None
+            raise aiormq.exceptions.AMQPConnectionError(f"{what} in time") from None
+
+    async def on_connect(self, connection: AbstractConnection, lost: asyncio.Event) -> None:
+        pointer, entries = await self._in_time(
+            run_journal_async(load_core(self.layout, timeout=self.read_timeout), connection),
+            "the schedule journal's latest checkpoint was not read",
+        )
         self._restore(pointer, entries)
         start: Start
         if pointer.covers is not None:
@@ -118,15 +122,12 @@ class CancelFilter(WorkerHook):
             add, wants = self.tombstones.add, self.tombstones.wants
             tail = JournalTail(connection, self.layout, add, start=start, wants=wants)
         self._tail = tail
-        try:
+
+        async def read_to_the_end() -> None:
             await tail.start()
-            await asyncio.wait_for(tail.caught_up.wait(), self.read_timeout)
-        except TopologyError as exc:
-            raise WorkerError(str(exc)) from None
-        except asyncio.TimeoutError:
-            raise aiormq.exceptions.AMQPConnectionError(
-                "the schedule journal was not read to its end in time"
-            ) from None
+            await tail.caught_up.wait()
+
+        await self._in_time(read_to_the_end(), "the schedule journal was not read to its end")
         if tail.channel is not None:
             tail.channel.close_callbacks.add(lambda *_: lost.set())
         log.info(
