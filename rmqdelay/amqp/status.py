@@ -16,6 +16,7 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
+from ..core.journal.checkpoint import HEADER, Mark, Pointer, checkpoint_name
 from ..core.journal.records import decode_records, journal_name
 from ..core.journal.steps import Read, StreamMessage
 from ..core.layout import Layout
@@ -24,7 +25,7 @@ from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, co
 from ..settings import Settings
 from .connections import connect_blocking
 from .management import ManagementApi
-from .streams import BlockingStream
+from .streams import BlockingStream, peek_last
 from .topology_manager import TopologyManager
 
 __all__ = ["MAX_PARKED_PEEK", "gather_status", "peek_parked"]
@@ -122,6 +123,21 @@ def _oldest_record_ms(settings: Settings, stream: str) -> int | None:
     return first[0] if first else None
 
 
+def _latest_checkpoint(connection: pika.BlockingConnection, layout: Layout) -> Pointer | None:
+    """The latest checkpoint, as the checkpoint stream's last message names it (one
+    message, on the status connection); None when there is no such stream."""
+    found: list[Mark] = []
+
+    def take(message: StreamMessage) -> bool:
+        mark = Mark.of_header(message.headers.get(HEADER))
+        if mark is not None:
+            found.append(mark)
+        return mark is not None
+
+    peek_last(connection, Read(checkpoint_name(layout), "last", take, 2.0, prefetch=1))
+    return found[0].latest if found else None
+
+
 def peek_parked(
     connection: pika.BlockingConnection, layout: Layout, limit: int, *, idle: float = 1.0
 ) -> ParkedBreakdown | None:
@@ -206,7 +222,10 @@ def gather_status(
         # an empty stream would keep the read waiting for its timeout: skip it when known
         if journal_oldest and journal is not None and journal.messages != 0:
             oldest = _oldest_record_ms(settings, journal_name(layout))
-        status = build_status(layout, counts, wanted, source, journal_oldest_ms=oldest)
+        checkpoint = _latest_checkpoint(connection, layout) if journal is not None else None
+        status = build_status(
+            layout, counts, wanted, source, journal_oldest_ms=oldest, checkpoint=checkpoint
+        )
         if parked_peek is not None and status.parked is not None:
             breakdown = peek_parked(connection, layout, parked_peek)
             status = dataclasses.replace(status, parked_by_destination=breakdown)

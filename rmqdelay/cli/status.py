@@ -27,7 +27,7 @@ from .options import (
 if TYPE_CHECKING:
     from rich.console import Group
 
-    from ..core.status import Status, StuckTier
+    from ..core.status import JournalStatus, Status, StuckTier
 
 __all__ = ["STUCK_EXIT_CODE", "status"]
 
@@ -43,6 +43,21 @@ MAX_PARKED_PEEK = 65_535
 
 def _n(value: int | None) -> str:
     return "n/a" if value is None else f"{value:,}"
+
+
+def _checkpoint_line(journal: JournalStatus) -> str:
+    """Where readers start: the latest checkpoint's age, what it holds."""
+    at = journal.checkpoint_at_ms
+    if at is None:
+        return "latest checkpoint: none yet (readers read the journal itself)"
+    from ..core.durations import format_ms
+
+    age = format_ms(max(0, int(time.time() * 1000) - at) // 1000 * 1000)
+    size = journal.checkpoint_bytes or 0
+    return (
+        f"latest checkpoint: {iso_of_ms(at, 'seconds')} ({age} ago), "
+        f"{_n(journal.checkpoint_copies)} copies pending, {size / 1e6:,.1f} MB"
+    )
 
 
 def _held(seconds: float | None) -> str:
@@ -86,6 +101,7 @@ def _render(status: Status) -> Group:
             f"journal {status.journal.stream}: {_n(status.journal.records)} writes, "
             f"oldest record {since}"
         )
+        lines.append(_checkpoint_line(status.journal))
     if any(t.past_due and t.past_due_for_s is None for t in status.tiers):
         lines.append(
             "past time: expired, held until the next queue takes them; how long cannot be "
@@ -152,7 +168,7 @@ def _render(status: Status) -> Group:
     "--recurring",
     is_flag=True,
     help="Also count recurring schedules (active, paused). This reads the schedule "
-    "journal, so it takes longer as the journal grows.",
+    "journal's latest checkpoint and the journal after it.",
 )
 @click.option(
     "--check",

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .journal.checkpoint import Pointer
 from .journal.records import journal_name
 from .layout import Layout
 
@@ -86,6 +87,11 @@ class JournalStatus:
     records: int | None
     """Stream messages; one holds the records of up to 500 published messages."""
     oldest_ms: int | None = None
+    checkpoint_at_ms: int | None = None
+    """When the latest checkpoint was written (None: none yet, or not read)."""
+    checkpoint_copies: int | None = None
+    """The copies pending it holds."""
+    checkpoint_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,7 @@ def build_status(
     source: str,
     *,
     journal_oldest_ms: int | None = None,
+    checkpoint: Pointer | None = None,
 ) -> Status:
     """Assemble the snapshot; ``counts`` holds the queues that exist, by name."""
     missing: list[str] = []
@@ -191,6 +198,13 @@ def build_status(
         stream = journal_name(layout)
         c = get(stream)
         journal = JournalStatus(stream, c.messages if c else None, journal_oldest_ms)
+        if checkpoint is not None and checkpoint.complete:
+            journal = replace(
+                journal,
+                checkpoint_at_ms=checkpoint.at_ms,
+                checkpoint_copies=checkpoint.entries("copies"),
+                checkpoint_bytes=checkpoint.bytes,
+            )
     return Status(
         layout.prefix,
         source,
@@ -324,6 +338,15 @@ def prometheus_text(status: Status) -> str:
     ]
     if status.parked is not None:
         lines.append(f'rmqdelay_parked_messages{{prefix="{prefix}"}} {status.parked}')
+    journal = status.journal
+    if journal is not None and journal.checkpoint_at_ms is not None:
+        lines += [
+            "# HELP rmqdelay_journal_checkpoint_timestamp_seconds When the schedule "
+            "journal's latest checkpoint was written (readers read the journal after it).",
+            "# TYPE rmqdelay_journal_checkpoint_timestamp_seconds gauge",
+            f'rmqdelay_journal_checkpoint_timestamp_seconds{{prefix="{prefix}"}} '
+            f"{journal.checkpoint_at_ms / 1000:.3f}",
+        ]
     lines += [
         "# HELP rmqdelay_work_queue_messages Messages in a destination's work queue.",
         "# TYPE rmqdelay_work_queue_messages gauge",

@@ -62,6 +62,32 @@ def test_the_prometheus_text_parses_into_the_three_gauges() -> None:
     assert samples[("rmqdelay_work_queue_messages", ready)] == 2
 
 
+def test_the_latest_checkpoint_is_said_and_its_time_is_a_gauge() -> None:
+    from rmqdelay.core.journal.checkpoint import GENESIS, Pointer
+
+    layout = Settings(prefix="shop", max_delay="10m").layout
+    counts = {"shop.schedule": QueueCounts(None)}
+    pointer = Pointer("c1", 1_800_000_000_000, 42, 7, {"copies": (3, 1200, 300_000)})
+    status = build_status(layout, counts, [], "test", checkpoint=pointer)
+    assert status.journal is not None
+    assert (status.journal.checkpoint_at_ms, status.journal.checkpoint_copies) == (
+        1_800_000_000_000,
+        1200,
+    )
+    assert status.journal.checkpoint_bytes == 300_000
+    assert status.to_json()["journal"]["checkpoint_copies"] == 1200
+    samples = {
+        s.name: s.value
+        for family in text_string_to_metric_families(prometheus_text(status))
+        for s in family.samples
+    }
+    assert samples["rmqdelay_journal_checkpoint_timestamp_seconds"] == 1_800_000_000
+    # none yet: no gauge (an absent series, not a zero that would read as 1970)
+    empty = build_status(layout, counts, [], "test", checkpoint=GENESIS)
+    assert empty.journal is not None and empty.journal.checkpoint_at_ms is None
+    assert "checkpoint_timestamp" not in prometheus_text(empty)
+
+
 # --------------------------------------------------------------------------- past-time messages
 
 
