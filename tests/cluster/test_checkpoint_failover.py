@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from rmqdelay import Settings, TopologyManager
+from rmqdelay import Publisher, Settings, TopologyManager
 from rmqdelay.core.journal.checkpoint import checkpoint_name
 from rmqdelay.core.journal.records import journal_name
 from tests.helpers.checkpoints import (
@@ -78,6 +78,8 @@ def test_the_writers_node_killed_half_way_leaves_readers_on_the_previous_checkpo
         assert writer.returncode != 0, "the writer finished its checkpoint: make it bigger"
         _led_elsewhere(local_cluster, settings, dead, alive)
         cut_half_way(settings, before)
+        with Publisher(settings) as publisher:  # a cancel on the nodes left
+            assert publisher.cancel(before.ids[11])[0].outcome == "cancelled"
         check_after(settings, before)
     finally:
         local_cluster.restart(dead)
