@@ -7,7 +7,7 @@ library's ``sqlite3``): the process holds the small ``core`` (tombstones, keys,
 recurring schedules) and SQLite's page cache, and a page is an index walk.
 
 What is pending is the journal's fold, never re-derived: the store is a
-:class:`~rmqdelay.core.journal.checkpoint.JournalState` whose view keeps its copies in
+:class:`~rmqdelay.core.journal.state.JournalState` whose view keeps its copies in
 the ``copies`` table (:class:`_Copies`, a mapping the view writes through). After each
 record, the copies it can have changed (its id's, and a replaced key's previous
 message's) get their ``live`` column set from the view's own verdicts (cancelled,
@@ -26,13 +26,9 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
-from ..core.journal.checkpoint import (
-    JournalState,
-    decode_entries,
-    with_body,
-    without_body,
-)
+from ..core.journal.checkpoint import decode_entries, with_body, without_body
 from ..core.journal.records import JournalRecord, decode_record, encode_record
+from ..core.journal.state import JournalState
 from ..core.journal.view import ScheduleView
 from .pages import BUCKETS, Page, PageQuery, cursor, parse_cursor, place
 

@@ -20,15 +20,7 @@ from typing import Any, Literal
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core.journal.checkpoint import (
-    SETTLE_MS,
-    JournalState,
-    Restorer,
-    copies_merge,
-    decode_copies,
-    decode_entries,
-    write_sections,
-)
+from rmqdelay.core.journal.checkpoint import SETTLE_MS, decode_copies, decode_entries
 from rmqdelay.core.journal.keys import recurring_key
 from rmqdelay.core.journal.records import (
     JournalRecord,
@@ -39,6 +31,7 @@ from rmqdelay.core.journal.records import (
 from rmqdelay.core.journal.recurring import control_record
 from rmqdelay.core.journal.reschedule import plan_reschedule
 from rmqdelay.core.journal.rules import RECURRING, Occurrence, RecurringOp, Rule
+from rmqdelay.core.journal.state import JournalState, Restorer, copies_merge, write_sections
 from rmqdelay.core.journal.tombstones import Tombstones
 from rmqdelay.core.journal.view import plan_cancels
 

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core.journal.checkpoint import JournalState, write_sections
 from rmqdelay.core.journal.records import JournalRecord, RecordKind
+from rmqdelay.core.journal.state import JournalState, write_sections
 from rmqdelay.core.journal.view import ScheduleView
 from rmqdelay.dashboard.pages import BUCKETS, CursorError, Page, PageQuery
 from rmqdelay.dashboard.store import ScheduleStore

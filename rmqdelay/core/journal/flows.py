@@ -22,16 +22,7 @@ from ...errors import JournalError
 from ..clock import now_ms
 from ..failures import journal_missing
 from ..layout import Layout
-from .checkpoint import (
-    COPIES,
-    CORE,
-    GENESIS,
-    JournalState,
-    Mark,
-    Section,
-    decode_copies,
-    decode_entries,
-)
+from .checkpoint import COPIES, CORE, GENESIS, Mark, Section, decode_copies, decode_entries
 from .reading import (
     Clock,
     JournalFlow,
@@ -47,6 +38,7 @@ from .reading import (
     require_journal,
 )
 from .records import JournalRecord
+from .state import JournalState
 from .steps import Read, stream_offset
 from .view import CancelResult, ScheduleView, plan_cancels
 

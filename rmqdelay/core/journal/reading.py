@@ -10,7 +10,7 @@ out (:mod:`.steps`):
 3. :func:`read_tail`: the journal from the offset the checkpoint covers to a marker of
    the reader's own (a stream has no end to ask for): everything confirmed before it.
 
-:func:`load` does all three into a :class:`~.checkpoint.JournalState`; :func:`load_ids`
+:func:`load` does all three into a :class:`~.state.JournalState`; :func:`load_ids`
 takes the copies of a few ids afterwards (a cancel's, a reschedule's), so a reader reads
 the copies section only when it must, and keeps of it only what it asked for.
 
@@ -35,10 +35,8 @@ from .checkpoint import (
     GENESIS,
     HEADER,
     SECTIONS,
-    JournalState,
     Mark,
     Pointer,
-    Restorer,
     Section,
     checkpoint_name,
     decode_entries,
@@ -51,6 +49,7 @@ from .records import (
     encode_records,
     journal_name,
 )
+from .state import JournalState, Restorer
 from .steps import (
     Append,
     JournalStep,

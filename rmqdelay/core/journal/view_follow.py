@@ -22,9 +22,10 @@ from ..clock import now_ms
 from ..failures import journal_missing
 from ..layout import Layout
 from ..steps import Flow
-from .checkpoint import COPIES_AND_BODIES, JournalState, Pointer, Restorer
+from .checkpoint import COPIES_AND_BODIES, Pointer
 from .reading import Clock, append, load_core, new_marker, read_sections
 from .records import decode_records, journal_name
+from .state import JournalState, Restorer
 from .steps import Read, Start, StreamMessage, stream_offset
 from .view import ScheduleView
 

@@ -1,6 +1,6 @@
 """Writing a checkpoint, as a flow: the previous one and the tail after it, made one.
 
-The writer holds what it must and streams the rest (:class:`~.checkpoint.Merge`):
+The writer holds what it must and streams the rest (:class:`~.state.Merge`):
 
 1. the checkpoint stream's last message (:func:`~.reading.latest`): another writer's
    checkpoint under way (its last part younger than :data:`~.checkpoint.LEASE_MS`) is
@@ -36,15 +36,11 @@ from .checkpoint import (
     GENESIS,
     HEADER,
     SETTLE_MS,
-    JournalState,
     Mark,
-    Merge,
     Part,
     Pointer,
-    Restorer,
     Section,
     checkpoint_name,
-    copies_merge,
     decode_copies,
     decode_entries,
     encode_copy,
@@ -61,6 +57,7 @@ from .reading import (
     read_tail,
     require_journal,
 )
+from .state import JournalState, Merge, Restorer, copies_merge
 from .steps import Append, JournalWrite, Read, StreamMessage
 
 __all__ = ["APPEND_PARTS", "Written", "heartbeat", "write"]
