@@ -14,7 +14,7 @@ written raw as ``docs/protocol.md`` (section 6) says, 500 to a stream message, c
 The messages themselves are not in the tiers: every timed command reads the journal, not
 the tiers, and a million real messages in quorum tiers is :mod:`bench.scale`'s subject.
 While it fills, checkpoints are written as a running worker writes them: once the tail
-since the last outgrows an eighth of it, or 4 MiB (``rmqdelay scheduled checkpoint``, in
+since the last outgrows an eighth of it, or 1 MiB (``rmqdelay scheduled checkpoint``, in
 this process); the tail after the last one is what it is when the fill ends.
 
 **Each round** runs every operation in a fresh process (:mod:`bench.history_probe`: the
@@ -64,6 +64,7 @@ import pika
 from bench.common import DEFAULT_AMQP_URL, machine_load, now_ms
 from bench.scheduled_list import write_results
 from rmqdelay import Publisher, Settings, TopologyManager
+from rmqdelay.core.journal.checkpoint import MIN_TAIL_BYTES, TAIL_RATIO
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "history.json"
@@ -71,9 +72,6 @@ DESTINATION = "history"
 OPERATIONS = ("worker", "list", "cancel", "keyed", "dashboard", "restart")
 PER_MESSAGE = 500
 """Records to a journal write, as rmqdelay writes them."""
-MIN_TAIL = 4 * 1024**2
-"""A running worker writes a checkpoint once the tail outgrows this, or an eighth of the
-last checkpoint (``rmqdelay.core.journal.checkpoint.due_by_tail``)."""
 RESTART_TAIL = 1000
 DAY_MS = 86_400_000
 WAIT_S = 600.0
@@ -130,7 +128,7 @@ class Filler:
             )
             self.channel.basic_publish(self.exchange, "", body, properties, mandatory=True)
             self.tail += len(body)
-            if self.tail > max(MIN_TAIL, self.last // 8):
+            if self.tail > max(MIN_TAIL_BYTES, self.last // TAIL_RATIO):
                 self.checkpoint()
 
     def checkpoint(self) -> None:

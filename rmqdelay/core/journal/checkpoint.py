@@ -88,9 +88,11 @@ CHECKPOINT_TYPE = "rmqdelay-checkpoint"
 HEADER = "rmqdelay-checkpoint"
 """The header holding a message's :class:`Mark`, as compact JSON."""
 
-MIN_TAIL_BYTES = 4 * 1024 * 1024
-"""No checkpoint is due before the tail holds this many bytes (a few seconds of a busy
-journal's records): below it, reading the tail costs less than writing the state."""
+MIN_TAIL_BYTES = 1024 * 1024
+"""No checkpoint is due before the tail holds this many bytes (about 10,000 records, a
+few seconds of a busy journal): below it, reading the tail costs a reader less than a
+checkpoint costs its writer. Readers of a small state pay this tail at most: 0.1 s or
+so (4 MiB cost a listing of nothing pending twice its time: ``bench.history``)."""
 TAIL_RATIO = 8
 """A checkpoint is due once the tail holds an eighth of the latest one's bytes: a reader
 that needs the whole state reads at most 1.125 times it, and one that needs only the
