@@ -182,6 +182,14 @@ def from_history(r: dict[str, Any]) -> Figures:
                 ready=row.get("ready_s"),
                 text=text,
             )
+        ratios = {
+            op: row["ratio_to_no_history"]
+            for op, row in cell["operations"].items()
+            if op in HISTORY_SHOWN and row.get("ratio_to_no_history") is not None
+        }
+        if ratios:  # the target: the worst of a cell's ratios, and whose it is
+            worst = max(ratios, key=ratios.__getitem__)
+            out[f"history.{name}.worst"] = fig(ratios[worst], "x", text=HISTORY_SHOWN[worst])
     return out
 
 
