@@ -16,9 +16,10 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
-from ..core.journal.checkpoint import HEADER, Mark, Pointer, checkpoint_name
+from ..core.journal import reading
+from ..core.journal.checkpoint import Mark, Pointer
 from ..core.journal.records import decode_records, journal_name
-from ..core.journal.steps import Read, StreamMessage
+from ..core.journal.steps import JournalStep, Read, StreamMessage
 from ..core.layout import Layout
 from ..core.parking import read_parked
 from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked
@@ -125,17 +126,14 @@ def _oldest_record_ms(settings: Settings, stream: str) -> int | None:
 
 def _latest_checkpoint(connection: pika.BlockingConnection, layout: Layout) -> Pointer | None:
     """The latest checkpoint, as the checkpoint stream's last message names it (one
-    message, on the status connection); None when there is no such stream."""
-    found: list[Mark] = []
+    message, on the status connection); None when there is none."""
 
-    def take(message: StreamMessage) -> bool:
-        mark = Mark.of_header(message.headers.get(HEADER))
-        if mark is not None:
-            found.append(mark)
-        return mark is not None
+    def do(step: JournalStep) -> object:
+        assert isinstance(step, Read)  # latest() appends nothing
+        return peek_last(connection, step)
 
-    peek_last(connection, Read(checkpoint_name(layout), "last", take, 2.0, prefetch=1))
-    return found[0].latest if found else None
+    found = reading.run(reading.latest(layout, 2.0), do)
+    return found.latest if isinstance(found, Mark) else None
 
 
 def peek_parked(
