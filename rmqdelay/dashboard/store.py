@@ -8,7 +8,7 @@ recurring schedules) and SQLite's page cache, and a page is an index walk.
 
 What is pending is the journal's fold, never re-derived: the store is a
 :class:`~rmqdelay.core.journal.state.JournalState` whose view keeps its copies in
-the ``copies`` table (:class:`_Copies`, a mapping the view writes through). After each
+the ``copies`` table (:class:`~.tables.Copies`, a mapping the view writes through). After each
 record, the copies it can have changed (its id's, and a replaced key's previous
 message's) get their ``live`` column set from the view's own verdicts (cancelled,
 hidden under a key): a page lists exactly what the view's ``pending`` would, in the
@@ -22,146 +22,31 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..core.journal.checkpoint import decode_entries, with_body, without_body
-from ..core.journal.records import JournalRecord, decode_record, encode_record
+from ..core.journal.records import JournalRecord, encode_record
 from ..core.journal.state import JournalState
 from ..core.journal.view import ScheduleView
 from .pages import BUCKETS, Page, PageQuery, cursor, parse_cursor, place
+from .tables import (
+    COPIES_INDEXES,
+    FLUSH_AT,
+    ID_INDEX,
+    INDEXES,
+    SCHEMA,
+    UPSERT,
+    Copies,
+    Row,
+    record_of,
+)
 
 __all__ = ["FORMAT", "ScheduleStore"]
 
 FORMAT = 2
 """The file's layout; a file of another is read afresh from the journal."""
-_FLUSH_AT = 2000
-"""Writes the copies hold back before they reach SQLite (one ``executemany``)."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS copies (
-    id TEXT NOT NULL, due INTEGER NOT NULL, dest TEXT NOT NULL, recorded INTEGER NOT NULL,
-    key TEXT, live INTEGER NOT NULL, record BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS history (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL, record BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
-_ID_INDEX = "CREATE UNIQUE INDEX IF NOT EXISTS copies_id ON copies (id, due)"
-"""A copy is its id and due time: built first, as bodies and later writes look copies up."""
-_INDEXES = """
-CREATE INDEX IF NOT EXISTS copies_soonest ON copies (live, due, id);
-CREATE INDEX IF NOT EXISTS copies_newest ON copies (live, recorded DESC, id, due);
-CREATE INDEX IF NOT EXISTS copies_dest_soonest ON copies (dest, live, due, id);
-CREATE INDEX IF NOT EXISTS copies_dest_newest ON copies (dest, live, recorded DESC, id, due);
-CREATE INDEX IF NOT EXISTS copies_key ON copies (key) WHERE key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS history_id ON history (id);
-"""
-_COPIES_INDEXES = (
-    "copies_id",
-    "copies_soonest",
-    "copies_newest",
-    "copies_dest_soonest",
-    "copies_dest_newest",
-    "copies_key",
-)
-_UPSERT = (
-    "INSERT OR REPLACE INTO copies (id, due, dest, recorded, key, live, record) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?)"
-)
-_ROW = tuple[str, int, str, int, str | None, int, bytes]
-
-
-def _row(record: JournalRecord, live: bool, line: bytes | None = None) -> _ROW:
-    return (
-        record.message_id,
-        record.due_at_ms,
-        record.destination,
-        record.recorded_at_ms,
-        record.key,
-        int(live),
-        encode_record(record) if line is None else line,
-    )
-
-
-def _record(blob: bytes) -> JournalRecord:
-    record = decode_record(blob)
-    assert record is not None, "a row holds a record this version wrote"
-    return record
-
-
-class _Copies(MutableMapping[tuple[str, int], JournalRecord]):
-    """A view's copies as the ``copies`` table: what the view sets is written (with
-    ``live`` 1: the store sets it right after the record, :meth:`ScheduleStore.add`),
-    a few thousand at a time, and read back from what waits first."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-        self._put: dict[tuple[str, int], JournalRecord | None] = {}
-        """Writes not in SQLite yet: a record, or None for a deletion."""
-
-    def flush(self) -> None:
-        if not self._put:
-            return
-        put, self._put = self._put, {}
-        rows = [_row(r, True) for r in put.values() if r is not None]
-        gone = [key for key, r in put.items() if r is None]
-        if gone:
-            self.db.executemany("DELETE FROM copies WHERE id = ? AND due = ?", gone)
-        if rows:
-            self.db.executemany(_UPSERT, rows)
-
-    def __getitem__(self, key: tuple[str, int]) -> JournalRecord:
-        if key in self._put:
-            found = self._put[key]
-            if found is None:
-                raise KeyError(key)
-            return found
-        row = self.db.execute("SELECT record FROM copies WHERE id = ? AND due = ?", key).fetchone()
-        if row is None:
-            raise KeyError(key)
-        return _record(row[0])
-
-    def __setitem__(self, key: tuple[str, int], record: JournalRecord) -> None:
-        self._put[key] = record
-        if len(self._put) >= _FLUSH_AT:
-            self.flush()
-
-    def __delitem__(self, key: tuple[str, int]) -> None:
-        if key not in self:
-            raise KeyError(key)
-        self._put[key] = None
-
-    def __contains__(self, key: object) -> bool:
-        if not isinstance(key, tuple):
-            return False
-        if key in self._put:
-            return self._put[key] is not None
-        found = self.db.execute("SELECT 1 FROM copies WHERE id = ? AND due = ?", key).fetchone()
-        return found is not None
-
-    def __iter__(self) -> Iterator[tuple[str, int]]:
-        self.flush()
-        yield from self.db.execute("SELECT id, due FROM copies").fetchall()
-
-    def __len__(self) -> int:
-        self.flush()
-        return int(self.db.execute("SELECT count(*) FROM copies").fetchone()[0])
-
-    def of(self, message_id: str) -> list[JournalRecord]:
-        """The id's copies, soonest first."""
-        self.flush()
-        rows = self.db.execute(
-            "SELECT record FROM copies WHERE id = ? ORDER BY due", (message_id,)
-        ).fetchall()
-        return [_record(blob) for (blob,) in rows]
-
-    def drop_due_before(self, cutoff_ms: int) -> None:
-        """Forget the copies due before ``cutoff_ms`` (see ``ScheduleView.expire``)."""
-        self.flush()
-        self.db.execute("DELETE FROM copies WHERE due < ?", (cutoff_ms,))
 
 
 class ScheduleStore:
@@ -173,8 +58,8 @@ class ScheduleStore:
         self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
-        self.copies = _Copies(self.db)
+        self.db.executescript(SCHEMA)
+        self.copies = Copies(self.db)
         self.state = JournalState(ScheduleView(copies=self.copies))
         self.offset: int | None = None
         """The journal offset the state covers up to (the next to read), once saved."""
@@ -233,9 +118,9 @@ class ScheduleStore:
         """Forget everything (a fresh read follows). The copies' indexes go too: a
         checkpoint's copies go in faster without them (in due order: appended), and
         :meth:`loaded` builds them once."""
-        self.copies._put.clear()
+        self.copies.discard_pending()
         self._history.clear()
-        for index in _COPIES_INDEXES:
+        for index in COPIES_INDEXES:
             self.db.execute(f"DROP INDEX IF EXISTS {index}")
         self._indexed = False
         for table in ("copies", "history", "meta"):
@@ -258,29 +143,29 @@ class ScheduleStore:
             for entry in decode_entries(body):
                 self.state.restore(entry)
         elif section == "copies":
-            self.db.executemany(_UPSERT, self._rows(body))
+            self.db.executemany(UPSERT, self._rows(body))
         elif section == "bodies":
-            self.db.execute(_ID_INDEX)
+            self.db.execute(ID_INDEX)
             for entry in decode_entries(body):
                 key = (str(entry["id"]), int(entry["due"]))
                 row = self.db.execute(
                     "SELECT record FROM copies WHERE id = ? AND due = ?", key
                 ).fetchone()
                 if row is not None:
-                    full = with_body(_record(row[0]), entry)
+                    full = with_body(record_of(row[0]), entry)
                     self.db.execute(
                         "UPDATE copies SET record = ? WHERE id = ? AND due = ?",
                         (encode_record(full), *key),
                     )
         view.loaded = None
 
-    def _rows(self, body: bytes) -> list[_ROW]:
+    def _rows(self, body: bytes) -> list[Row]:
         """A copies part's rows: ``live`` unless a tombstone names the copy or its key's
         verdict hides it (:meth:`_live`, without making the record)."""
         lines = body.split(b"\n")
         objects = json.loads(b"[" + b",".join(lines) + b"]")
         cancelled, hides = self.view.cancelled, self.view.keys.hides
-        rows: list[_ROW] = []
+        rows: list[Row] = []
         for line, o in zip(lines, objects, strict=True):
             message_id, due, key = o["id"], o["due"], o.get("key")
             named = cancelled.get(message_id)
@@ -294,8 +179,8 @@ class ScheduleStore:
 
     def _ensure_indexes(self) -> None:
         if not self._indexed:  # in the open transaction (``executescript`` would commit it)
-            self.db.execute(_ID_INDEX)
-            for statement in filter(str.strip, _INDEXES.split(";")):
+            self.db.execute(ID_INDEX)
+            for statement in filter(str.strip, INDEXES.split(";")):
                 self.db.execute(statement)
             self._indexed = True
 
@@ -306,7 +191,7 @@ class ScheduleStore:
         if kind == "marker":
             return
         self._history.append((record.message_id, encode_record(without_body(record))))
-        if len(self._history) >= _FLUSH_AT:
+        if len(self._history) >= FLUSH_AT:
             self._flush()
         view = self.view
         if kind == "scheduled" and record.key is None:
@@ -375,7 +260,7 @@ class ScheduleStore:
             f"SELECT record FROM copies {self._walk(query)} WHERE {where} ORDER BY {order} LIMIT ?",
             [*args, query.limit + 1],
         ).fetchall()
-        found = [_record(blob) for (blob,) in rows]
+        found = [record_of(blob) for (blob,) in rows]
         shown = tuple(found[: query.limit])
         more = len(found) > query.limit
         return Page(shown, cursor(place(shown[-1], query.order)) if more else None, total)
@@ -458,7 +343,7 @@ class ScheduleStore:
         rows = self.db.execute(
             "SELECT record FROM history WHERE id = ? ORDER BY seq", (message_id,)
         ).fetchall()
-        return [_record(blob) for (blob,) in rows]
+        return [record_of(blob) for (blob,) in rows]
 
     def view_of(self, message_id: str) -> ScheduleView:
         """A view of one message: its copies, and the store's tombstones and keys, for
