@@ -165,7 +165,8 @@ class BlockingStream:
 
     def let_go(self) -> None:
         """Before the connection closes: what the consumer buffers, dropped."""
-        _let_go(self._channel)
+        waiting = self._waiting
+        _let_go(self._channel, lambda: len(waiting))
 
     def close(self) -> None:
         """Close the reader's own connection (what it buffered is read again next time);
@@ -178,22 +179,29 @@ class BlockingStream:
                 connection.close()
 
 
-DRAIN_S = 0.2
-"""How long a consumer is drained before its channel closes, on a pika whose internals
-were not checked (:func:`_let_go`)."""
+DRAIN_S = 0.3
+"""How long a consumer is drained with nothing arriving before its channel closes, on a
+pika whose internals were not checked (:func:`_let_go`)."""
+DRAIN_MAX_S = 3.0
+"""The longest such a drain goes on while deliveries keep arriving."""
 
 
-def _let_go(channel: Any) -> None:
+def _let_go(channel: Any, arrived: Callable[[], int] = lambda: 0) -> None:
     """Before a consumer's channel or connection closes: what pika buffers for it, and
     what is on its way, dropped rather than rejected (a reject on a stream closes the
-    connection). On a pika not checked, what is on its way is dispatched first, for
-    :data:`DRAIN_S` (a consumer past its read gets at most its prefetch more)."""
+    connection). On a pika not checked, what is on its way is dispatched first, until
+    :data:`DRAIN_S` pass with nothing more (``arrived``: how many came so far; a
+    consumer past its read gets at most its prefetch more). A fixed 0.2 s was seen too
+    short on a loaded machine."""
     if channel is None or not channel.is_open or pika_private.drop_deliveries(channel):
         return
-    deadline = time.monotonic() + DRAIN_S
+    start = time.monotonic()
+    quiet_at, seen = start + DRAIN_S, arrived()
     with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-        while (left := deadline - time.monotonic()) > 0:  # it returns once some came
-            channel.connection.process_data_events(time_limit=left)
+        while (left := min(quiet_at, start + DRAIN_MAX_S) - time.monotonic()) > 0:
+            channel.connection.process_data_events(time_limit=left)  # returns once some came
+            if (count := arrived()) != seen:
+                quiet_at, seen = time.monotonic() + DRAIN_S, count
 
 
 def peek_last(connection: pika.BlockingConnection, step: Read) -> ReadEnd:
