@@ -186,8 +186,8 @@ async def _warm(follower: Any, order: Order, fresh: bool) -> tuple[float, int]:
 
 
 async def measure(url: str, messages: int, repeats: int, how: str) -> dict[str, Any]:
+    from rmqdelay.amqp.checkpoints import write_checkpoint
     from rmqdelay.amqp.connections import connect_async
-    from rmqdelay.amqp.journal import write_checkpoint
     from rmqdelay.dashboard.follow import StoreFollower
     from rmqdelay.dashboard.store import ScheduleStore
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar, cast
@@ -30,7 +29,7 @@ from ..core.journal.reading import JournalFlow, UntilMarker
 from ..core.journal.records import JournalRecord
 from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, Start, StreamMessage
 from ..core.layout import Layout
-from ..core.steps import Checkpoint, Steps
+from ..core.steps import Steps
 from ..settings_light import BrokerSettings
 from .blocking import close_connection
 from .connections import connect_blocking
@@ -44,22 +43,16 @@ if TYPE_CHECKING:
         AbstractIncomingMessage,
     )
 
-    from ..core.journal.checkpoint import Mark
-    from ..core.journal.writer import Written
-
-log = logging.getLogger("rmqdelay.publisher")
 
 __all__ = [
     "JournalTail",
     "JournalWriter",
     "append_records",
-    "checkpoint_aside",
     "journal_step_async",
     "read_once",
     "run_journal",
     "run_journal_async",
     "stream_end",
-    "write_checkpoint",
     "write_probe",
 ]
 
@@ -89,12 +82,12 @@ def run_journal(
         readers.close()
 
 
-def read_once(settings: BrokerSettings, flow: JournalFlow[T]) -> T:
+def read_once(settings: BrokerSettings, flow: JournalFlow[T], *, name: str = "journal") -> T:
     """Carry out a flow that ends by reading the journal (``scheduled list``, ``cancel``)
     on one connection of its own, its appends and its reads alike (a publisher's
     connection and a reader's second one cost a command a handshake more); closed
     after."""
-    connection = connect_blocking(settings, "journal")
+    connection = connect_blocking(settings, name)
     try:
         return run_journal(flow, connection, lambda: connection)
     finally:
@@ -428,46 +421,3 @@ class JournalTail:
 
     async def close(self) -> None:
         await self._stream.close()
-
-
-def write_checkpoint(
-    settings: BrokerSettings,
-    *,
-    writer: str,
-    due: Callable[[Mark | None], bool] = lambda _mark: True,
-) -> Written:
-    """Write a checkpoint (:mod:`rmqdelay.core.journal.writer`) on pika, on a connection of
-    its own, closed after: what a worker runs in a thread of its own, a publisher or a
-    command in its own."""
-    from ..core.journal.writer import write
-
-    connection = connect_blocking(settings, "checkpoint")
-    try:
-        flow = write(
-            settings.layout,
-            writer=writer,
-            timeout=max(settings.confirm_timeout, CHECKPOINT_READ_TIMEOUT_S),
-            clock=now_ms,
-            due=due,
-        )
-        return run_journal(flow, connection, lambda: connection)
-    finally:
-        close_connection(connection, settings.confirm_timeout)
-
-
-def checkpoint_aside(settings: BrokerSettings, step: Checkpoint) -> None:
-    """A publisher's :class:`~rmqdelay.core.steps.Checkpoint`, in the thread it runs it
-    on: written, or the reason it was not logged (the publish it followed stands)."""
-    try:
-        written = write_checkpoint(settings, writer=step.writer, due=step.due)
-    except Exception as exc:  # a later publish tries again
-        log.warning("no checkpoint written after this publish: %s", exc)
-        return
-    if written.pointer is not None:
-        log.info("no writer for a while: this publisher wrote checkpoint %s", written.pointer.id)
-    if written.gap_text is not None:
-        log.error("%s", written.gap_text)
-
-
-CHECKPOINT_READ_TIMEOUT_S = 60.0
-"""How long a checkpoint's writer waits for a stream to give the next message."""

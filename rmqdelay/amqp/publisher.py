@@ -28,8 +28,9 @@ from ..core.outgoing import Outcome, Prepared, PublishResult
 from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
+from .checkpoints import checkpoint_aside
 from .connections import connect_blocking
-from .journal import append_records, checkpoint_aside
+from .journal import append_records
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface

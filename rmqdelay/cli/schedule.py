@@ -193,7 +193,7 @@ def scheduled_checkpoint(
     as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None
 ) -> None:
     """Write a checkpoint of the schedule now, for readers to start from."""
-    from ..amqp.journal import write_checkpoint
+    from ..amqp.checkpoints import write_checkpoint
     from ..core.journal.reading import require_journal
     from ..worker.checkpoints import writer_name
 

@@ -24,13 +24,8 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING
 
-from ..amqp.journal import (
-    CHECKPOINT_READ_TIMEOUT_S,
-    JournalTail,
-    read_once,
-    run_journal_async,
-    stream_end,
-)
+from ..amqp.checkpoints import CHECKPOINT_READ_TIMEOUT_S
+from ..amqp.journal import JournalTail, read_once, run_journal_async, stream_end
 from ..core.clock import now_ms
 from ..core.journal import reading
 from ..core.journal.checkpoint import GENESIS, SECTIONS, Pointer

@@ -3,7 +3,7 @@
 Every :data:`CHECK_S` the worker looks at the checkpoint stream's last message (one
 message): when the journal it read since the latest checkpoint outgrew an eighth of it
 (:func:`~rmqdelay.core.journal.checkpoint.due_by_tail`), it writes the next one in a
-thread of its own, on a connection of its own (:func:`~rmqdelay.amqp.journal.write_checkpoint`:
+thread of its own, on a connection of its own (:func:`~rmqdelay.amqp.checkpoints.write_checkpoint`:
 its folds and its encoding would otherwise hold the event loop for seconds at a million
 pending); otherwise, every :data:`~rmqdelay.core.journal.checkpoint.HEARTBEAT_MS`, it says
 it is alive, so that publishers and commands know a writer runs. Several workers share
@@ -20,7 +20,8 @@ import socket
 import uuid
 from typing import TYPE_CHECKING
 
-from ..amqp.journal import run_journal_async, write_checkpoint
+from ..amqp.checkpoints import write_checkpoint
+from ..amqp.journal import run_journal_async
 from ..core.clock import now_ms
 from ..core.journal.checkpoint import HEARTBEAT_MS, Mark, Pointer, due_by_tail
 from ..core.journal.reading import latest

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from rmqdelay import Publisher, Settings
-from rmqdelay.amqp.journal import write_checkpoint
+from rmqdelay.amqp.checkpoints import write_checkpoint
 from rmqdelay.core.journal.writer import Written
 from tests.helpers.checkpoints import (
     DEST,

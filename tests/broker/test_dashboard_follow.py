@@ -17,7 +17,7 @@ import aio_pika
 import pytest
 
 from rmqdelay import AsyncPublisher, Settings, TopologyError
-from rmqdelay.amqp.journal import write_checkpoint
+from rmqdelay.amqp.checkpoints import write_checkpoint
 from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.journal.records import JournalRecord, journal_name
 from rmqdelay.dashboard.follow import StoreFollower

@@ -20,7 +20,8 @@ import pika
 import pytest
 
 from rmqdelay import Publisher, Settings
-from rmqdelay.amqp.journal import read_once, write_checkpoint
+from rmqdelay.amqp.checkpoints import write_checkpoint
+from rmqdelay.amqp.journal import read_once
 from rmqdelay.core.clock import now_ms
 from rmqdelay.core.journal import reading
 from rmqdelay.core.journal.checkpoint import QUIET_MS, Mark, checkpoint_name

@@ -16,8 +16,9 @@ from typing import Any, Literal
 
 from rmqdelay import Context, Publisher, Settings, Worker
 from rmqdelay.amqp import pika_private
+from rmqdelay.amqp.checkpoints import write_checkpoint
 from rmqdelay.amqp.connections import connect_blocking
-from rmqdelay.amqp.journal import read_once, write_checkpoint
+from rmqdelay.amqp.journal import read_once
 from rmqdelay.core.clock import now_ms
 from rmqdelay.core.journal import flows
 from rmqdelay.core.journal.checkpoint import HEADER, LEASE_MS, Mark, checkpoint_name
