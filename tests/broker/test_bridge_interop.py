@@ -92,6 +92,8 @@ def case(shared_topology: TestTopology, amqp_url: str) -> Iterator[BridgeCase]:
         yield found
 
 
+# the first run on a fresh machine installs the Node packages (npm ci, up to 600 s)
+@pytest.mark.timeout(900)
 async def test_a_node_publisher_gets_the_seeds_in_due_order_never_early(
     case: BridgeCase, node_publisher: Path
 ) -> None:

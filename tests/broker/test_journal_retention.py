@@ -75,6 +75,8 @@ def last_mark(settings: Settings) -> Mark:
     return found
 
 
+# writes about 300 MB of journal and waits out the retention on a loaded CI machine
+@pytest.mark.timeout(900)
 def test_what_a_checkpoint_covers_outlives_the_records_the_retention_deletes(
     amqp_url: str, prefix: str
 ) -> None:
