@@ -39,7 +39,8 @@ from aio_pika.abc import AbstractConnection, AbstractIncomingMessage
 from ..amqp.aio_publisher import AsyncPublisher
 from ..amqp.journal import JournalWriter
 from ..core.clock import now_ms
-from ..core.journal.keys import Generation, KeyBook, Verdict
+from ..core.journal.generations import Generation
+from ..core.journal.keys import KeyBook, Verdict
 from ..core.journal.records import JournalRecord
 from ..core.layout import Layout
 from ..core.messages import KEY

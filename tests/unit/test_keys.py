@@ -8,11 +8,10 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rmqdelay.core.journal.generations import Generation, Loser
 from rmqdelay.core.journal.keys import (
     UNRECORDED_GRACE_MS,
-    Generation,
     KeyBook,
-    Loser,
     recurring_key,
 )
 from rmqdelay.core.journal.records import JournalRecord, decode_record, encode_record

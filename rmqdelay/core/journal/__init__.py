@@ -5,7 +5,9 @@ claim, a reschedule and a recurring schedule's change append theirs. Readers fol
 records. The modules, from the ground up (each imports only those before it):
 
 - :mod:`.records`: a record and its codec (one JSON line; a write holds hundreds);
-- :mod:`.keys`: keys, generations, claims and moves;
+- :mod:`.generations`: what a key book holds (generations, losers, moves) and its
+  checkpoint form;
+- :mod:`.keys`: the key book, the fold of keys, claims and moves, and a worker's verdict;
 - :mod:`.view`: the schedule a reader folds (every copy, what cancels or hides it);
 - :mod:`.tombstones`: the cancelled copies a worker skips;
 - :mod:`.rules` and :mod:`.recurring`: recurring schedules' rules and their book;

@@ -24,7 +24,8 @@ from ..layout import Layout
 from ..outgoing import Prepared, PublishResult
 from ..steps import Flow
 from .checkpoint import Pointer
-from .keys import Generation, KeyBook, Loser
+from .generations import Generation, Loser
+from .keys import KeyBook
 from .reading import Clock, load_core
 from .records import JournalRecord, decode_record, journal_name
 from .steps import Read, Start, StreamMessage, stream_offset

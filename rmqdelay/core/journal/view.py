@@ -21,7 +21,8 @@ from itertools import compress, islice
 from operator import attrgetter, eq
 from typing import Any, Literal
 
-from .keys import KeyBook, Move
+from .generations import Move
+from .keys import KeyBook
 from .records import JournalRecord
 
 __all__ = ["CancelAnswer", "CancelResult", "ScheduleView", "plan_cancels"]
