@@ -27,13 +27,13 @@ from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
 from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
+from .aio_streams import AsyncStream
 from .checkpoints import checkpoint_aside
 from .connections import connect_async
 from .journal import journal_step_async
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 from .recurring_api import AsyncRecurringMethods
-from .streams import AsyncStream
 
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 

@@ -31,9 +31,10 @@ from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, Start, Stre
 from ..core.layout import Layout
 from ..core.steps import Steps
 from ..settings_light import BrokerSettings
+from .aio_streams import AsyncStream
 from .blocking import close_connection
 from .connections import connect_blocking
-from .streams import PREFETCH, AsyncStream, Readers, offset_of
+from .streams import PREFETCH, Readers, offset_of
 
 if TYPE_CHECKING:
     from aio_pika.abc import (

@@ -1,4 +1,4 @@
-"""How a stream consumer acks (rmqdelay/amqp/streams.py, ``AsyncStream``, as a worker's
+"""How a stream consumer acks (rmqdelay/amqp/aio_streams.py, ``AsyncStream``, as a worker's
 tail follows the journal): never a tag below one already acked, whatever order its
 callbacks' writes finish in, and once live, one ack for what came within ``LIVE_ACK_S``,
 not one per record."""
@@ -9,8 +9,8 @@ import asyncio
 import random
 from typing import Any
 
-from rmqdelay.amqp import streams
-from rmqdelay.amqp.streams import LIVE_ACK_S, AsyncStream
+from rmqdelay.amqp import aio_streams as streams
+from rmqdelay.amqp.aio_streams import LIVE_ACK_S, AsyncStream
 
 
 class Delivered:
