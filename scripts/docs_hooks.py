@@ -60,6 +60,15 @@ def _markdown(docstring: str) -> str:
     return text.replace("``", "`")
 
 
+def _toml(value: Any, annotation: str) -> str:
+    """A default as a TOML file would write it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if annotation == "Bytes" and isinstance(value, int) and value % 2**30 == 0:
+        return f"{value // 2**30}GiB"
+    return str(value)
+
+
 def settings_fields() -> list[SettingDoc]:
     """Every field of ``rmqdelay.settings.Settings``: its name, environment variable, type
     as written, default and description (Field description, else its docstring)."""
@@ -83,7 +92,7 @@ def settings_fields() -> list[SettingDoc]:
     for name, field in Settings.model_fields.items():
         annotation, doc = written.get(name, (str(field.annotation), ""))
         default: Any = field.get_default(call_default_factory=True)
-        shown = "none" if default is None else f"`{default}`"
+        shown = "none" if default is None else f"`{_toml(default, annotation)}`"
         description = field.description or _markdown(doc) or _MEANING.get(name, "")
         rows.append(SettingDoc(name, f"{prefix}{name}".upper(), annotation, shown, description))
     return rows
@@ -228,6 +237,14 @@ def on_files(files: Any, config: Any) -> Any:
         uri = f"bench/results/{plot.name}"
         files.append(File(uri, str(ROOT), config["site_dir"], config["use_directory_urls"]))
     return files
+
+
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|exc|data|obj):<code>~?([^<]+)</code>")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """The docstrings' reST roles (``:class:`~rmqdelay.Worker```) as plain code."""
+    return _ROLE.sub(r"<code>\1</code>", html)
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
