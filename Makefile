@@ -10,7 +10,7 @@
 #   make unit     the broker-free tests only (tests/unit), in seconds; no broker is started
 #   make test-browser  the dashboard in headless Chromium (tests/browser, Selenium; installs
 #                 Debian's chromium and chromium-driver when missing); CI runs it beside make test
-#   make screenshots  the same, its screenshots written to docs/screenshots (the README's)
+#   make screenshots  the same, its screenshots written to docs/screenshots (the docs')
 #   make demo     run examples/seeds_demo.py against the broker
 #   make test-rmq43  the suite against RabbitMQ 4.3 in a Debian sid chroot on :5683
 #                 (make rmq43-stop); CI runs its tests/broker beside `make test` (3.10)
@@ -24,6 +24,8 @@
 #   make dist     a wheel in dist/ (the package is not on PyPI yet)
 #   make interop-deps  the Node publisher's locked npm packages (tests/interop/node), which
 #                 the x-delay bridge's interop test also installs on first use
+#   make docs     the docs site (MkDocs, Material) into site/, --strict as CI builds it;
+#                 installs the docs extra first
 #   make bench    install the bench extras, run python -m bench (BENCH_ARGS passes through)
 #   make bench-compare  publish and worker figures of this tree against BENCH_BASE (a git
 #                 revision, default main), side by side in one run (BENCH_COMPARE_ARGS)
@@ -44,6 +46,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BENCH := $(VENV)/.stamp-bench
+STAMP_DOCS := $(VENV)/.stamp-docs
 PYTEST_ARGS ?=
 # pyproject's coverage floor ([tool.coverage.report] fail_under) holds for the full suite
 COV_FLOOR = $(if $(strip $(PYTEST_ARGS)),--cov-fail-under=0)
@@ -67,7 +70,7 @@ WITH_BROKER = out="$$($(PY) scripts/broker.py --quiet --print-management)"; \
 	case "$$mgmt" in ""|*:15672|*:15672/) ;; *) export RMQDELAY_MANAGEMENT_URL="$${RMQDELAY_MANAGEMENT_URL:-$$mgmt}";; esac; \
 	unset out url mgmt;
 
-.PHONY: venv broker lint test unit test-browser screenshots test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist interop-deps clean distclean
+.PHONY: venv broker lint test unit docs test-browser screenshots test-rmq43 rmq43-stop test-rmq4 rmq4-stop cluster cluster-stop cluster-test test-oldest test-deps demo bench bench-compare dist interop-deps clean distclean
 
 venv: $(STAMP_DEV)
 
@@ -80,6 +83,17 @@ $(STAMP_DEV): pyproject.toml
 $(STAMP_BENCH): pyproject.toml $(STAMP_DEV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,dashboard,bench]'
 	@touch $@
+
+$(STAMP_DOCS): pyproject.toml $(STAMP_DEV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,dashboard,docs]'
+	@touch $@
+
+# The docs site (mkdocs.yml): strict, so a broken link or anchor, or a page out of the nav,
+# fails. The CLI, settings, API and module references are generated from the code
+# (scripts/docs_hooks.py, mkdocs-click, mkdocstrings); the Performance page's figures are
+# written by `python -m bench report`. No broker needed.
+docs: $(STAMP_DOCS)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # Succeeds on a Docker-only machine without starting anything (pytest starts the container).
 broker: venv
@@ -104,7 +118,7 @@ unit: venv
 # The dashboard driven in a real browser: Debian's chromium and chromium-driver, headless,
 # through Selenium (the dev extra); installed here when missing (as root, like CI). The
 # tests save their screenshots in $RMQDELAY_SCREENSHOTS, else a temp folder (the tree
-# stays clean); `make screenshots` runs them writing docs/screenshots (the README shows one).
+# stays clean); `make screenshots` runs them writing docs/screenshots (the dashboard guide shows one).
 test-browser: venv broker
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 		echo "test-browser: installing chromium and chromium-driver"; \
@@ -241,7 +255,7 @@ interop-deps:
 	cd tests/interop/node && npm ci --no-audit --no-fund
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean

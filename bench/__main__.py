@@ -3,7 +3,7 @@
 Commands:
   (none)  the whole suite (``bench.suite``): ``python -m bench``, ``python -m bench --quick``,
           ``python -m bench --only publish,e2e --scale-messages 0`` (``--help`` lists flags)
-  report  plots and the README "Performance" section from bench/results/*.json
+  report  plots and the Performance page (docs/performance.md) from bench/results/*.json
   startup how fast ``rmqdelay`` starts (``bench.startup``): ``python -m bench startup``
   compare this tree's publish and worker figures against a git revision's, side by side
           (``bench.compare``): ``python -m bench compare main``

@@ -1,6 +1,6 @@
 """PNG plots from bench/results/*.json (matplotlib, no display needed).
 
-    python -m bench report            # draws these and regenerates the README section
+    python -m bench report            # draws these and regenerates docs/performance.md
 
 * ``lateness_cdf.png``: lateness CDF per design on the steady workload (peers.json).
 * ``throughput.png``: confirmed publish rate per design; rmqdelay's publishers against raw

@@ -1,12 +1,13 @@
-"""The README's Performance section, rendered from the keyed figures, and the plots.
+"""The docs' Performance page (docs/performance.md), rendered from the keyed figures, and
+the plots.
 
     python -m bench report                  # figures.json (made from results/*.json first)
-    python -m bench report --print --no-readme
-    python -m bench report --check          # exit 1 when the README's section is stale
+    python -m bench report --print --no-page
+    python -m bench report --check          # exit 1 when the page's section is stale
 
 The section is ``bench/performance.md`` with every figure a placeholder naming its key
 (:mod:`bench.keys`), written between ``<!-- performance:start -->`` and
-``<!-- performance:end -->``; nothing else in the README is touched. The words around the
+``<!-- performance:end -->`` of the page; nothing else in it is touched. The words around the
 figures (what limits each one) are the template's: after a run that changes what they
 explain, edit them there.
 
@@ -31,7 +32,7 @@ from bench import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).resolve().parent / "performance.md"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "performance.md"
 START, END = "<!-- performance:start -->", "<!-- performance:end -->"
 PLACEHOLDER = re.compile(
     r"\{(?P<key>[a-z0-9_.@-]+)(?:\|(?P<field>[a-z_]+)(?:(?P<op>[<>=]=)(?P<bound>[\d.]+))?)?"
@@ -119,31 +120,31 @@ def section(results: Path) -> str:
     return render(template, doc)
 
 
-def update_readme(readme: Path, body: str) -> bool:
-    text = readme.read_text(encoding="utf-8")
+def update_page(page: Path, body: str) -> bool:
+    text = page.read_text(encoding="utf-8")
     if START not in text or END not in text:
-        print(f"{readme}: no {START} / {END} markers; not updated", file=sys.stderr)
+        print(f"{page}: no {START} / {END} markers; not updated", file=sys.stderr)
         return False
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{body}{END}{tail}", encoding="utf-8")
+    page.write_text(f"{head}{START}\n{body}{END}{tail}", encoding="utf-8")
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench report", description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=keys.RESULTS_DIR)
-    p.add_argument("--readme", type=Path, default=README)
-    p.add_argument("--no-readme", action="store_true", help="leave the README alone")
+    p.add_argument("--page", type=Path, default=PAGE, help="the page holding the markers")
+    p.add_argument("--no-page", action="store_true", help="leave the page alone")
     p.add_argument("--no-plots", action="store_true", help="draw no plot (no matplotlib needed)")
     p.add_argument("--print", action="store_true", help="print the section to stdout")
-    p.add_argument("--check", action="store_true", help="exit 1 if the README's section differs")
+    p.add_argument("--check", action="store_true", help="exit 1 if the page's section differs")
     args = p.parse_args(argv)
     if args.check:
-        text = args.readme.read_text(encoding="utf-8")
+        text = args.page.read_text(encoding="utf-8")
         current = text.split(START, 1)[1].split(END, 1)[0].removeprefix("\n")
         same = current == render(TEMPLATE.read_text(encoding="utf-8"), keys.collect(args.results))
-        print("the README's Performance section is " + ("current" if same else "stale"))
+        print("the Performance page's section is " + ("current" if same else "stale"))
         return 0 if same else 1
     if not args.no_plots:
         from bench import plots
@@ -153,6 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     body = section(args.results)
     if args.print:
         print(body)
-    if not args.no_readme and update_readme(args.readme, body):
-        print(f"updated {args.readme} (Performance section)", file=sys.stderr)
+    if not args.no_page and update_page(args.page, body):
+        print(f"updated {args.page} (Performance section)", file=sys.stderr)
     return 0

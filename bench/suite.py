@@ -1,10 +1,11 @@
-"""The benchmark suite: every workload of issue 4, one JSON file each, then plots and README.
+"""The benchmark suite: every workload of issue 4, one JSON file each, then plots and the
+Performance page.
 
     python -m bench                          # the full suite (~35 min with 1M pending)
     python -m bench --quick                  # small sizes, results in bench/results/quick/
     python -m bench --only publish,e2e       # some workloads (see WORKLOADS below)
     python -m bench --scale-messages 0       # skip the scale workload
-    python -m bench report                   # plots + README section from the JSON files
+    python -m bench report                   # plots + docs/performance.md from the JSON files
 
 Workloads (each timing is the median of ``--repeats`` runs, with its ratio to the reference
 measured in the same run):
@@ -881,7 +882,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--worker", choices=("subprocess", "inproc"), help="where the Worker runs")
     p.add_argument("--url", default=DEFAULT_AMQP_URL, help="AMQP URL (env: BENCH_AMQP_URL)")
     p.add_argument("--out", type=Path, help="results dir (default bench/results[/quick])")
-    p.add_argument("--no-report", action="store_true", help="do not redraw plots and README")
+    p.add_argument(
+        "--no-report", action="store_true", help="do not redraw plots and the Performance page"
+    )
     return p.parse_args(argv)
 
 
@@ -990,7 +993,7 @@ def main(argv: list[str]) -> int:
     if not args.no_report:
         from bench import report
 
-        report.main(["--results", str(out), *([] if not args.quick else ["--no-readme"])])
+        report.main(["--results", str(out), *([] if not args.quick else ["--no-page"])])
     return 0 if all(v["ok"] for v in status.values()) else 1
 
 

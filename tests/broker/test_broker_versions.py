@@ -86,7 +86,7 @@ def test_a_client_set_x_death_drops_the_message_before_4_and_not_after(
     ours = _delivered_within(settings, 2.0)
     assert ours == 1
     if broker_version < (4, 0, 1):
-        assert raw == 0, "3.x should drop the cycle; if it no longer does, update the README"
+        assert raw == 0, "3.x should drop the cycle; if no longer, update rabbitmq-versions.md"
     else:
         assert raw == 1
 

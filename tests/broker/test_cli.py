@@ -66,7 +66,7 @@ def test_destroy_refuses_while_tiers_hold_messages(env: dict[str, str]) -> None:
 
 def test_user_errors_are_one_clear_line(env: dict[str, str], tmp_path: Path) -> None:
     assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
-    usage = {  # an option's value of the wrong form or range: exit 2, as the README says
+    usage = {  # an option's value of the wrong form or range: exit 2, as the CLI reference says
         ("publish", "jobs", "x", "--delay", "-1s"): "--delay must not be negative",
         ("publish", "jobs", "x", "--delay", "soon"): "cannot read --delay",
         ("publish", "jobs", "x", "--at", "2030-01-01T00:00:00"): "no timezone",

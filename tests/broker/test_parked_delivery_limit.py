@@ -5,7 +5,7 @@ Every read of a parked message (``parked list``, a ``parked replay`` that leaves
 a return. RabbitMQ 4.0 gives a queue without ``x-delivery-limit`` a limit of 20 and drops
 the message at its 21st return; rmqdelay declares the parking queue with the largest
 limit. A parking queue declared before that (rmqdelay 0.1) is kept and named; a policy
-gives it a limit (the README's RabbitMQ versions).
+gives it a limit (docs/operations/rabbitmq-versions.md).
 """
 
 from __future__ import annotations
@@ -177,7 +177,8 @@ async def _reads_until_gone(settings: Settings, most: int) -> int:
 async def test_an_old_parking_queue_on_4_needs_the_policy_and_3_10_nothing(
     amqp_url: str, prefix: str, broker_version: tuple[int, ...], admin: BrokerAdmin
 ) -> None:
-    """The migration the README gives: on 4.x a policy ``delivery-limit: -1`` (without
+    """The migration docs/operations/rabbitmq-versions.md gives: on 4.x a policy
+    ``delivery-limit: -1`` (without
     it, measured here, the message is gone after 21 reads); 3.10 keeps it as it is, and
     must not get that policy (-1 there means "drop at the first return")."""
     settings = _settings(amqp_url, prefix)

@@ -1,7 +1,7 @@
 """What the broker does with the worker's returns and its slow handlers, on each version.
 
-RabbitMQ 4.3 changed both (README, "Requeue and the delivery limit" and "Consumer
-timeouts"):
+RabbitMQ 4.3 changed both (docs/guides/workers.md, "Requeue and the delivery limit" and
+"Consumer timeouts"):
 
 - ``basic.nack`` with requeue no longer counts toward a quorum queue's delivery limit;
   ``basic.reject`` still does (as a lost connection does);
@@ -334,7 +334,8 @@ async def test_a_deleted_work_queue_stops_the_worker_naming_it(
 async def test_requeue_waits_out_a_delayed_retry_policy_on_4_3_and_older_refuse_the_policy(
     shared_topology: TestTopology, broker_version: tuple[int, ...], admin: BrokerAdmin
 ) -> None:
-    """The README's recipe for RabbitMQ 4.3's own delayed retry: a policy on a work queue
+    """The recipe of docs/guides/workers.md for RabbitMQ 4.3's own delayed retry: a policy
+    on a work queue
     makes each ``Requeue`` (a ``basic.reject``) wait ``delayed-retry-min`` times the
     delivery count, up to ``-max``. Before 4.3 the broker refuses those policy keys."""
     if not admin.uses_management_api:

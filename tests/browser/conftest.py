@@ -25,7 +25,7 @@ from rmqdelay import Settings, Worker
 from rmqdelay.dashboard.app import create_app
 
 DOCS_SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-"""Where ``make screenshots`` has them written (the README shows one)."""
+"""Where ``make screenshots`` has them written (docs/guides/dashboard.md shows one)."""
 SCREENSHOTS_ENV = "RMQDELAY_SCREENSHOTS"
 """The folder the tests save their screenshots in; unset, one under the temp folder, so
 a test run leaves the tree (and CI's checkout) clean."""

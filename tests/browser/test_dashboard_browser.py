@@ -2,7 +2,7 @@
 cancelled from its page is not handled, a parked message replayed from the page is,
 and a recurring schedule is paused and resumed from the page. Each test saves a
 screenshot of its page in $RMQDELAY_SCREENSHOTS, else a temp folder (``make screenshots``
-writes them to docs/screenshots, which the README shows)."""
+writes them to docs/screenshots, which docs/guides/dashboard.md shows)."""
 
 from __future__ import annotations
 

@@ -389,7 +389,7 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     if cut == first:  # the worker left the cut-off node well before the partition ended
         assert reconnected_at and reconnected_at[0] - cut_at <= 15
     # on the cluster of `make cluster` (net_ticktime = 15); with RabbitMQ's default of 60 s
-    # the hops stalled up to 76 s (README, Running on a cluster)
+    # the hops stalled up to 76 s (docs/operations/clusters.md)
     assert max(lateness) <= PARTITION_S + 15
 
 

@@ -1,1 +1,1 @@
-"""The tests\x27 shared helpers: broker admin, topologies, worker apps, README blocks."""
+"""The tests\x27 shared helpers: broker admin, topologies, worker apps, the docs' code blocks."""

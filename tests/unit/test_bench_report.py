@@ -1,7 +1,8 @@
-"""The README's Performance figures are the rendering of the bench's keyed figures.
+"""The Performance page's figures (docs/performance.md) are the rendering of the bench's
+keyed figures.
 
 ``bench/report.py`` fills ``bench/performance.md`` from ``bench.keys`` (the results' JSON
-files as short keys): a hand edit of a figure in the README, or a template naming a key
+files as short keys): a hand edit of a figure on the page, or a template naming a key
 that no longer exists, fails here. Also the template language itself, on a small input.
 """
 
@@ -15,12 +16,12 @@ from bench import keys, report
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_section_is_the_rendering_of_the_committed_results() -> None:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_page_is_the_rendering_of_the_committed_results() -> None:
+    text = report.PAGE.read_text(encoding="utf-8")
     current = text.split(report.START, 1)[1].split(report.END, 1)[0].removeprefix("\n")
     doc = keys.collect(keys.RESULTS_DIR)
     assert current == report.render(report.TEMPLATE.read_text(encoding="utf-8"), doc), (
-        "README's Performance section differs from `python -m bench report --no-plots`"
+        "docs/performance.md differs from `python -m bench report --no-plots`"
     )
 
 

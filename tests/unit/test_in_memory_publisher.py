@@ -255,8 +255,8 @@ def test_the_stub_imports_no_client_library() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def test_the_readme_example_runs_without_a_broker() -> None:
-    [block] = [b for b in PYTHON_BLOCKS if "InMemoryPublisher()" in b]
+def test_the_docs_example_runs_without_a_broker() -> None:
+    [block] = [b.code for b in PYTHON_BLOCKS if "InMemoryPublisher()" in b.code]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RMQDELAY_")}
     env["RMQDELAY_URL"] = "amqp://guest:guest@127.0.0.1:1/%2F"  # nothing listens there
     done = subprocess.run(

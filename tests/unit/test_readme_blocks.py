@@ -1,4 +1,5 @@
-"""The README parses as the README tests expect, and its promised figures are the code's."""
+"""The README and the docs parse as the block tests expect, and their promised figures are
+the code's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.helpers.readme_blocks import (
     PYTHON_BLOCKS,
     README,
     RUNNABLE_SH,
+    TEXT,
     exit_code_examples,
     exit_codes,
     reconnect_pauses,
@@ -23,10 +25,12 @@ PYPROJECT = README.parent / "pyproject.toml"
 
 def test_readme_has_examples() -> None:
     assert len(PYTHON_BLOCKS) >= 2
+    assert any(b.document == "README.md" for b in PYTHON_BLOCKS)
 
 
 def test_the_quickstart_commands_are_among_the_runnable_blocks() -> None:
-    assert any("rmqdelay publish" in b and "rmqdelay consume" in b for b in RUNNABLE_SH), (
+    quickstart = [b for b in RUNNABLE_SH if "rmqdelay publish" in b.code]
+    assert any("rmqdelay consume" in b.code for b in quickstart if b.document == "README.md"), (
         "the quickstart's publish/consume block is no longer picked up by this test"
     )
 
@@ -35,9 +39,7 @@ def test_the_reconnect_pauses_are_the_workers() -> None:
     first, longest = reconnect_pauses()
     assert (first, longest) == (RECONNECT_FIRST_S, RECONNECT_MAX_S)
     # "jittered between half and one and a half times that, and never over 15 s"
-    assert "between half and one and a half times that, and never over" in " ".join(
-        README.read_text().split()
-    )
+    assert "between half and one and a half times that, and never over" in " ".join(TEXT.split())
     assert reconnect_delay(0, 0.0) == first / 2
     assert reconnect_delay(0, 0.5) == first
     assert reconnect_delay(1, 0.5) == 2 * first  # doubling
@@ -71,9 +73,11 @@ def test_make_test_says_which_tests_it_runs() -> None:
     addopts = re.search(r"^addopts = (.*)$", PYPROJECT.read_text(), flags=re.M)
     # what the README's wording rests on
     assert addopts and "-m 'not cluster and not browser'" in addopts[1]
-    # each "make test  # ..." line of the README, with the comment lines that continue it
-    said = re.findall(r"^make test +#.*(?:\n +#.*)*", README.read_text(), flags=re.M)
-    assert len(said) >= 2, said
+    # each "make test  # ..." line of the README and the docs, with the comment lines that
+    # continue it: the README's two commands, the tutorial, Development
+    said = re.findall(r"^make test +#.*(?:\n +#.*)*", TEXT, flags=re.M)
+    assert len(said) >= 3, said
+    assert re.search(r"^make test +#", README.read_text(), flags=re.M), "README: make test"
     for words in said:
         assert "whole" not in words, words
         assert "but the cluster and browser ones" in words or "but tests/cluster" in words, words

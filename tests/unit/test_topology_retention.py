@@ -76,7 +76,7 @@ def test_the_policy_matches_the_two_streams_and_no_other_queue() -> None:
     }
 
 
-@pytest.mark.parametrize("document", ["README.md", "docs/protocol.md"])
+@pytest.mark.parametrize("document", ["docs/operations/journal.md", "docs/protocol.md"])
 def test_the_documents_show_the_policy_topology_apply_prints(document: str) -> None:
     """Their example, for the prefix ``shop`` at the default retention, is the policy."""
     text = " ".join((ROOT / document).read_text(encoding="utf-8").replace("\\\n", " ").split())
