@@ -1,5 +1,5 @@
 """Stage 1 of the x-delay bridge: the inbox into the tiers, on pika, in a thread of its
-own (or a process: :func:`rmqdelay.bridge.hook.carry_in_process`).
+own (or a process: :func:`rmqdelay.bridge.app.carry_in_process`).
 
 Each batch of deliveries (up to ``batch``, as many as have arrived) goes to the tiers
 with the public :meth:`rmqdelay.Publisher.publish_many` on the same connection; the batch

@@ -288,8 +288,7 @@ async def test_the_inbox_process_names_a_missing_inbox_and_stops_when_told(
     """What the thread says, the process says (a missing inbox stops the worker, naming
     the command); told to stop, it stops consuming and ends, without the bridge taking
     that for a lost connection. (Its end with a killed bridge: test_bridge_kill.)"""
-    from rmqdelay.bridge.app import Bridge
-    from rmqdelay.bridge.hook import _Child
+    from rmqdelay.bridge.app import Bridge, _Child
     from rmqdelay.errors import WorkerError
 
     inbox = Bridge(case.settings, case.names.exchange, inbox_process=True).inbox
