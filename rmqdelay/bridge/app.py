@@ -36,7 +36,7 @@ from typing_extensions import Unpack
 from ..amqp.connections import address_of, user_of
 from ..amqp.passive import exchange_exists_async
 from ..amqp.pika_private import mend_headers_in_this_thread
-from ..core.retry import Park
+from ..core.handling.retry import Park
 from ..errors import PublishError, WorkerError
 from ..settings import Settings
 from ..worker.app import RunOptions, Worker

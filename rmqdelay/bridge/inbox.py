@@ -35,8 +35,8 @@ from ..amqp.passive import queue_exists
 from ..amqp.pika_confirms import LOST, pika_encoded
 from ..amqp.publisher import Publisher
 from ..core.clock import now_ms, now_us, us_of_ms
+from ..core.handling.parking import parked_headers
 from ..core.messages import amqp_properties
-from ..core.parking import parked_headers
 from ..core.wire import encode_properties
 from ..errors import (
     BatchPublishError,

@@ -2,7 +2,7 @@
 
 The worker hands each due copy to :meth:`rmqdelay.bridge.app.Bridge.deliver`, which
 unwraps it and sends it here: confirmed, mandatory, on the session's connection. What
-no retry can deliver raises :class:`~rmqdelay.core.retry.Park` (parked with the
+no retry can deliver raises :class:`~rmqdelay.core.handling.retry.Park` (parked with the
 reason); what a retry may, another error (retried through the tiers).
 """
 
@@ -15,7 +15,7 @@ import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from ..amqp.aio_publisher import EncodedProperties, send_encoded
-from ..core.retry import Park
+from ..core.handling.retry import Park
 from ..errors import ConfirmTimeoutError, PublishError, PublishNackedError, TopologyError
 from .envelope import Restored
 from .names import BridgeNames

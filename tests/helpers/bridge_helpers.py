@@ -17,7 +17,7 @@ from rmqdelay import ParkedQueue, Settings
 from rmqdelay.bridge.app import Bridge
 from rmqdelay.bridge.declare import BridgeDeclared, declare_bridge
 from rmqdelay.bridge.names import BridgeNames, bridge_names
-from rmqdelay.core.parking import ParkedMessage
+from rmqdelay.core.handling.parking import ParkedMessage
 from tests.helpers.worker_helpers import TestTopology, wait_until
 
 Received = tuple[float, str, Any, bytes]

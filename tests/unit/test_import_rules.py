@@ -257,6 +257,33 @@ def test_the_bridge_keeps_its_pure_modules_free_of_io() -> None:
     assert set(pure) <= MODULES.keys()
 
 
+# what the handling of a delivery stands on in core: the base every concept shares
+HANDLING_BASE = ("clock", "durations", "layout", "messages")
+
+
+def test_handling_stands_on_the_core_base_alone_and_the_core_does_not_lean_on_it() -> None:
+    """``core.handling`` is one concept: it uses the core's base, not publishing or the
+    journal, and nothing else in core uses it (the worker and the amqp layer do)."""
+    handling = "rmqdelay.core.handling"
+    allowed = (handling, "rmqdelay.errors", *(f"rmqdelay.core.{m}" for m in HANDLING_BASE))
+    broken = [
+        f"{imp.where()} imports {imp.target}"
+        for imp in ALL_IMPORTS
+        if _within(imp.module, handling)
+        and _within(imp.target, PACKAGE)
+        and not any(_within(imp.target, a) for a in allowed)
+    ]
+    broken += [
+        f"{imp.where()} imports {imp.target}: the rest of core must not use handling"
+        for imp in ALL_IMPORTS
+        if _within(imp.module, "rmqdelay.core")
+        and not _within(imp.module, handling)
+        and _within(imp.target, handling)
+    ]
+    assert not broken, "\n".join(broken)
+    assert {f"{handling}.{m}" for m in ("handlers", "retry", "parking", "acks")} <= MODULES.keys()
+
+
 def test_no_import_cycle_at_import_time() -> None:
     graph = _graph()
     messages = []
