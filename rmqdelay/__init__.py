@@ -16,13 +16,13 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .amqp.publisher import Publisher
     from .amqp.topology_manager import TopologyManager
     from .core.durations import DurationLike, format_ms, parse_duration_us
+    from .core.handling.parking import ParkedMessage
+    from .core.handling.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
     from .core.journal.recurring import RecurringResult, RecurringSchedule
     from .core.layout import Layout
     from .core.outgoing import PublishResult
-    from .core.parking import ParkedMessage
     from .core.plan import DelayPlan, plan_delay
     from .core.protocols import AsyncPublisherProtocol, PublisherProtocol
-    from .core.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
     from .core.topology import Topology, build_topology
     from .errors import (
         BatchPublishError,
@@ -117,7 +117,7 @@ _WHERE: dict[str, str] = {
     "parse_duration_us": ".core.durations",
     "Layout": ".core.layout",
     "PublishResult": ".core.outgoing",
-    "ParkedMessage": ".core.parking",
+    "ParkedMessage": ".core.handling.parking",
     "DelayPlan": ".core.plan",
     "plan_delay": ".core.plan",
     "AsyncPublisherProtocol": ".core.protocols",
@@ -125,7 +125,8 @@ _WHERE: dict[str, str] = {
     "RecurringResult": ".core.journal.recurring",
     "RecurringSchedule": ".core.journal.recurring",
     **dict.fromkeys(
-        ("Backoff", "DecodeError", "Park", "Requeue", "Retry", "RetryPolicy"), ".core.retry"
+        ("Backoff", "DecodeError", "Park", "Requeue", "Retry", "RetryPolicy"),
+        ".core.handling.retry",
     ),
     "Topology": ".core.topology",
     "build_topology": ".core.topology",

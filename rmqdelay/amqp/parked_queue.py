@@ -17,8 +17,8 @@ from datetime import timedelta
 
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
+from ..core.handling.parking import ParkedMessage, read_parked, replay_headers
 from ..core.messages import carried_properties
-from ..core.parking import ParkedMessage, read_parked, replay_headers
 from ..errors import PublishError, TopologyError, UnknownDestinationError
 from ..settings import Settings
 from .aio_publisher import AsyncPublisher

@@ -16,12 +16,12 @@ from urllib.parse import quote
 import pika
 import pika.exceptions
 
+from ..core.handling.parking import read_parked
 from ..core.journal import reading
 from ..core.journal.checkpoint import Mark, Pointer
 from ..core.journal.records import decode_records, journal_name
 from ..core.journal.steps import JournalStep, Read, StreamMessage
 from ..core.layout import Layout
-from ..core.parking import read_parked
 from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked
 from ..settings import Settings
 from .connections import connect_blocking

@@ -6,9 +6,8 @@ policymaker tag); ``run`` is the long-lived process, as many as wanted.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -33,13 +32,7 @@ from .worker import (
     start_logging,
 )
 
-if TYPE_CHECKING:
-    from ..settings import Settings
-    from ..worker.bridge import Bridge
-
 __all__ = ["app"]
-
-log = logging.getLogger("rmqdelay.cli")
 
 app = Group(
     "bridge",
@@ -64,7 +57,7 @@ _destination = click.option(
     metavar="DESTINATION",
     help="The rmqdelay destination the messages wait for (default: bridge.NAME).",
 )
-TYPES = ("direct", "topic", "fanout", "headers")
+TYPES = ("direct", "topic", "fanout", "headers")  # rmqdelay.bridge.names.EXCHANGE_TYPES
 
 
 @app.command(
@@ -102,21 +95,16 @@ def bridge_declare(
     management_url: str | None,
 ) -> None:
     """Declare the bridge's exchanges, inbox and delay topology."""
-    from ..amqp.bridge import declare_bridge
-    from ..core.bridge import bridge_names
+    from ..bridge.declare import declare_bridge
+    from ..bridge.names import bridge_names
 
     settings = settings_from(url, prefix, config, management_url=management_url)
     names = bridge_names(
         settings.layout, exchange, delivery_exchange=delivery_exchange, destination=destination
     )
     declared = declare_bridge(settings, names, exchange_type)
-    click.echo(
-        f"publishers send to {names.exchange!r} ({exchange_type}, x-delay in ms); "
-        f"bind consumers' queues to {names.delivery_exchange!r}"
-    )
-    click.echo(f"inbox {names.inbox!r}, destination {names.destination!r}")
-    for note in declared.notes:
-        click.echo(note)
+    for line in declared.describe():
+        click.echo(line)
     for warning in declared.warnings:
         click.echo(f"warning: {warning}", err=True)
 
@@ -170,32 +158,6 @@ def bridge_run(exchange: str, **options: Any) -> None:
     leave(_run_bridge(exchange, **options))
 
 
-def _check(settings: Settings, bridge: Bridge) -> None:
-    """Name every object ``bridge declare`` makes that is missing, before the worker
-    starts (its own check would name only the work queue, and the wrong command). A
-    broker that cannot be reached yet is left to the worker, which retries."""
-    from ..amqp.bridge import missing_objects
-    from ..errors import ConnectionFailedError, WorkerError
-
-    try:
-        missing = missing_objects(settings, bridge.names)
-    except ConnectionFailedError as exc:
-        if not exc.transient:
-            raise
-        return
-    if missing:
-        names = bridge.names
-        raise WorkerError(
-            f"the bridge for {names.exchange!r} is not declared ({', '.join(missing)} "
-            f"missing): run `rmqdelay bridge declare --exchange {names.exchange} --type TYPE`"
-            + (
-                f" --delivery-exchange {names.delivery_exchange}"
-                if names.delivery_exchange != names.exchange + ".delayed"
-                else ""
-            )
-        )
-
-
 @friendly_errors
 def _run_bridge(
     exchange: str,
@@ -215,7 +177,8 @@ def _run_bridge(
 ) -> int | None:
     """Run the bridge; an exit code to leave with at once, or None for a clean 0."""
     check_logging(log_level, log_format)
-    from ..worker.bridge import Bridge
+    from ..bridge.app import Bridge
+    from ..bridge.declare import check_declared
 
     settings = settings_from(url, prefix, config)
     start_logging(log_level, log_format, settings)
@@ -228,7 +191,7 @@ def _run_bridge(
         inbox_process=inbox_process,
         log_setup=(log_level, log_format),
     )
-    _check(settings, bridge)
+    check_declared(settings, bridge.names)
     serve_metrics(metrics_port, settings)
     runner = bridge.runner(
         concurrency=concurrency, prefetch=concurrency, shutdown_timeout=shutdown_timeout

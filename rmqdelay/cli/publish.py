@@ -231,7 +231,7 @@ async def _consume(
     so nothing past ``count`` is shown; how many were shown."""
     import asyncio
 
-    from ..core.retry import Requeue
+    from ..core.handling.retry import Requeue
     from ..worker import Worker, WorkerHook
 
     class _SaysCancelled(WorkerHook):

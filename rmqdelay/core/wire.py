@@ -327,7 +327,7 @@ def encode_acks(
 ) -> bytes:
     """A channel's acks as bytes: ``multiple`` (a tag, or None) acked with the ``multiple``
     bit when it covers more than one delivery, then each of ``singles`` alone (the frames
-    :class:`rmqdelay.core.acks.AckPlan` asks for, in its order)."""
+    :class:`rmqdelay.core.handling.acks.AckPlan` asks for, in its order)."""
     parts = []
     if multiple is not None:
         parts.append(_ACK.pack(1, channel, 13, 60, 80, multiple, covered > 1) + _FRAME_END)

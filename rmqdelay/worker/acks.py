@@ -9,7 +9,7 @@ delivery as one ``multiple`` ack, every other done one alone (a slow handler bel
 must not hold it). Where that reach is off (``RMQDELAY_CLIENT_FAST=0``, an aiormq it
 does not know, a full write queue), a task sends what was asked for while the event
 loop turned through ``basic_ack``, one frame at a time. Rejects and nacks go alone at
-once. What may be sent is :class:`rmqdelay.core.acks.AckLedger`'s to say; this module
+once. What may be sent is :class:`rmqdelay.core.handling.acks.AckLedger`'s to say; this module
 sends it.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 
 from ..amqp.aiormq_private import can_queue_made_late, queue_made_late
-from ..core.acks import AckLedger, AckPlan, TagState
+from ..core.handling.acks import AckLedger, AckPlan, TagState
 from ..core.wire import encode_acks
 
 __all__ = ["Acker"]

@@ -12,8 +12,8 @@ from typing import Any, TypedDict, TypeVar
 
 from typing_extensions import Unpack
 
-from ..core.handlers import HandlerSpec, inspect_handler
-from ..core.retry import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, Backoff, RetryPolicy
+from ..core.handling.handlers import HandlerSpec, inspect_handler
+from ..core.handling.retry import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, Backoff, RetryPolicy
 from ..core.routing import validate_destination
 from ..errors import ConfigurationError, RmqDelayError, WorkerError
 from ..settings import Settings

@@ -2,7 +2,7 @@
 
 A message the broker takes back while its handler runs (a consumer timeout, a lost
 connection) is not settled: its handling's outcome waits for the redelivery, which gets
-it instead of a second call of the handler (:mod:`rmqdelay.core.takeback`).
+it instead of a second call of the handler (:mod:`rmqdelay.core.handling.takeback`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 
 from ..core.clock import now_ms
-from ..core.handlers import HandlerSpec
-from ..core.retry import Decision, decide
-from ..core.takeback import Claim, Key, TakenBack, key_of
+from ..core.handling.handlers import HandlerSpec
+from ..core.handling.retry import Decision, decide
+from ..core.handling.takeback import Claim, Key, TakenBack, key_of
 from .context import Context
 from .delivery import Delivery, read_delivery
 from .hooks import HANDLE, Admission, Hooks, Settled

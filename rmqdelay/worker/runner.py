@@ -17,7 +17,7 @@ import signal
 from collections.abc import Iterable
 
 from ..amqp.consumers import broker_version
-from ..core.handlers import HandlerSpec
+from ..core.handling.handlers import HandlerSpec
 from ..core.journal.tombstones import Tombstones
 from ..errors import WorkerError
 from ..settings import Settings

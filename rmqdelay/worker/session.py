@@ -25,7 +25,7 @@ from ..amqp.connections import address_of, connect_async
 from ..amqp.consumers import consuming, is_consumer_timeout, on_broker_cancel
 from ..amqp.journal import write_probe
 from ..amqp.passive import queue_exists_async
-from ..core.handlers import HandlerSpec
+from ..core.handling.handlers import HandlerSpec
 from ..errors import AccessRefusedError, WorkerError
 from ..settings import Settings, mask_url
 from .acks import Acker

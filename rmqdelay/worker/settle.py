@@ -3,7 +3,7 @@
 A message is acked only after its handler returned, or after its retry or parked copy
 was confirmed by the broker (the acks go in batches: :mod:`.acks`). Anything else leaves
 it unacked, and the broker gives it back when the channel closes. The decision itself is
-:func:`rmqdelay.core.retry.decide`; what was done is returned as
+:func:`rmqdelay.core.handling.retry.decide`; what was done is returned as
 :class:`~rmqdelay.worker.hooks.Settled` for the hooks.
 """
 
@@ -19,10 +19,10 @@ from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
 from ..amqp.aio_publisher import AsyncPublisher, EncodedProperties, send_encoded
 from ..core.clock import datetime_of_ms, now_ms, timedelta_of_ms
-from ..core.handlers import HandlerSpec
+from ..core.handling.handlers import HandlerSpec
+from ..core.handling.parking import parked_headers, short_traceback
+from ..core.handling.retry import Decision, DecodeError, HandlerSignal
 from ..core.messages import ATTEMPT, amqp_properties, carried_properties
-from ..core.parking import parked_headers, short_traceback
-from ..core.retry import Decision, DecodeError, HandlerSignal
 from ..core.wire import encode_properties
 from ..errors import PublisherClosedError, RmqDelayError
 from .acks import Acker

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from rmqdelay import Publisher
-from rmqdelay.core.bridge import bridge_names
+from rmqdelay.bridge.names import bridge_names
 from rmqdelay.errors import TopologyError
 from tests.helpers.bridge_helpers import (
     BridgeCase,
@@ -288,8 +288,8 @@ async def test_the_inbox_process_names_a_missing_inbox_and_stops_when_told(
     """What the thread says, the process says (a missing inbox stops the worker, naming
     the command); told to stop, it stops consuming and ends, without the bridge taking
     that for a lost connection. (Its end with a killed bridge: test_bridge_kill.)"""
+    from rmqdelay.bridge.app import Bridge, _Child
     from rmqdelay.errors import WorkerError
-    from rmqdelay.worker.bridge import Bridge, _Child
 
     inbox = Bridge(case.settings, case.names.exchange, inbox_process=True).inbox
     with pytest.raises(WorkerError, match=f"inbox queue {case.names.inbox!r} does not exist"):
@@ -320,7 +320,8 @@ def _stage_one(
 ) -> Iterator[tuple[Any, Any]]:
     """An opened stage 1 (the carrier, and its connection) on pika's private path or its
     public one, stopped and closed after the block."""
-    from rmqdelay.amqp import bridge_inbox, pika_private
+    from rmqdelay.amqp import pika_private
+    from rmqdelay.bridge import inbox as bridge_inbox
 
     monkeypatch.setattr(pika_private, "FAST", fast)
     case.declare("topic")
@@ -361,7 +362,7 @@ def test_a_batch_lingers_no_longer_than_its_shortest_delay_allows(
     """A batch in hand waits ``LINGER_US`` for others, unless a message with a shorter
     delay comes: an ``x-delay`` of 0 ends the linger at once, though the first message
     of the batch could have waited a minute."""
-    from rmqdelay.amqp import bridge_inbox
+    from rmqdelay.bridge import inbox as bridge_inbox
 
     monkeypatch.setattr(bridge_inbox, "LINGER_US", 60_000_000)
     with _stage_one(case, fast, monkeypatch) as (carrier, connection):

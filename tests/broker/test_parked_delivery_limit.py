@@ -23,7 +23,7 @@ from rmqdelay.amqp.parked_queue import ParkedQueue
 from rmqdelay.amqp.passive import ready_messages
 from rmqdelay.amqp.status import peek_parked
 from rmqdelay.amqp.topology_manager import DELIVERY_LIMIT_NOTE
-from rmqdelay.core.parking import PARKED_DESTINATION, PARKED_REASON
+from rmqdelay.core.handling.parking import PARKED_DESTINATION, PARKED_REASON
 from tests.helpers.brokerctl import BrokerAdmin
 from tests.helpers.worker_helpers import TestTopology
 

@@ -14,8 +14,8 @@ import pytest
 from rmqdelay import Settings
 from rmqdelay.amqp import status as amqp_status
 from rmqdelay.amqp.passive import ready_messages
+from rmqdelay.core.handling.parking import PARKED_DESTINATION, PARKED_REASON
 from rmqdelay.core.messages import DESTINATION
-from rmqdelay.core.parking import PARKED_DESTINATION, PARKED_REASON
 from rmqdelay.core.routing import build_key
 from tests.helpers.brokerctl import BrokerAdmin
 from tests.helpers.cli import invoke, settings_env

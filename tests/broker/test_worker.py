@@ -13,8 +13,7 @@ from pydantic import BaseModel
 from rmqdelay import plan_delay
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.amqp.parked_queue import ParkedQueue
-from rmqdelay.core.messages import ATTEMPT, DESTINATION
-from rmqdelay.core.parking import (
+from rmqdelay.core.handling.parking import (
     PARKED_AT,
     PARKED_ATTEMPTS,
     PARKED_DESTINATION,
@@ -23,7 +22,8 @@ from rmqdelay.core.parking import (
     PARKED_REASON,
     PARKED_TRACEBACK,
 )
-from rmqdelay.core.retry import Backoff, Park, Requeue, Retry
+from rmqdelay.core.handling.retry import Backoff, Park, Requeue, Retry
+from rmqdelay.core.messages import ATTEMPT, DESTINATION
 from rmqdelay.core.routing import parse_key
 from rmqdelay.worker import WorkerError
 from rmqdelay.worker.context import Context

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
-from rmqdelay.core.retry import Park, Requeue
+from rmqdelay.core.handling.retry import Park, Requeue
 from rmqdelay.worker.context import Context
 from rmqdelay.worker.delivery import Delivery
 from rmqdelay.worker.hooks import Settled, WorkerHook

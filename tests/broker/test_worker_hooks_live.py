@@ -12,7 +12,7 @@ from aio_pika.abc import AbstractConnection
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.core.clock import ms_of_datetime
-from rmqdelay.core.retry import Backoff, Park, Retry
+from rmqdelay.core.handling.retry import Backoff, Park, Retry
 from rmqdelay.worker import Admission, Delivery, Settled, WorkerHook
 from rmqdelay.worker.context import Context
 from tests.helpers.worker_helpers import (

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
-from rmqdelay.core.retry import Backoff
+from rmqdelay.core.handling.retry import Backoff
 from rmqdelay.settings import Settings
 from rmqdelay.worker.context import Context
 from tests.helpers.cli import invoke, settings_env

@@ -14,10 +14,10 @@ from typing import Any
 import pika
 
 from rmqdelay import ParkedQueue, Settings
-from rmqdelay.amqp.bridge import BridgeDeclared, declare_bridge
-from rmqdelay.core.bridge import BridgeNames, bridge_names
-from rmqdelay.core.parking import ParkedMessage
-from rmqdelay.worker.bridge import Bridge
+from rmqdelay.bridge.app import Bridge
+from rmqdelay.bridge.declare import BridgeDeclared, declare_bridge
+from rmqdelay.bridge.names import BridgeNames, bridge_names
+from rmqdelay.core.handling.parking import ParkedMessage
 from tests.helpers.worker_helpers import TestTopology, wait_until
 
 Received = tuple[float, str, Any, bytes]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pika
 
 from rmqdelay import Settings
-from rmqdelay.core.parking import PARKED_DESTINATION, PARKED_REASON
+from rmqdelay.core.handling.parking import PARKED_DESTINATION, PARKED_REASON
 
 __all__ = ["park"]
 

@@ -1,4 +1,5 @@
-"""The worker's ack batching (rmqdelay.core.acks), against a model of a channel's broker side.
+"""The worker's ack batching (rmqdelay.core.handling.acks), against a model of a channel's
+broker side.
 
 The model holds what the broker holds unacked on the channel and applies each frame
 when it leaves, in the order the worker sends them: a ``multiple`` ack when it is
@@ -16,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core.acks import AckLedger, AckPlan, TagState
+from rmqdelay.core.handling.acks import AckLedger, AckPlan, TagState
 
 
 @dataclass

@@ -17,20 +17,18 @@ from pamqp import header as pamqp_header
 
 from rmqdelay import ConfigurationError, InvalidDestinationError, Settings
 from rmqdelay.amqp.aio_publisher import EncodedProperties
-from rmqdelay.core.bridge import (
+from rmqdelay.bridge.envelope import (
     CONTENT_TYPE,
     PLUGIN_MAX_DELAY_MS,
     PROPERTY_NAMES,
     X_DELAY,
     Inbound,
-    bridge_names,
-    bridge_topology,
     carry,
     read_delay,
-    unwanted_bindings,
     unwrap,
     wrap,
 )
+from rmqdelay.bridge.names import bridge_names, bridge_topology, unwanted_bindings
 from rmqdelay.core.routing import validate_destination
 
 LAYOUT = Settings(max_delay="366d").layout

@@ -24,13 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # layer -> what it must not import (a module and everything below it)
 # the dashboard is the top layer: it may use the CLI's wording; the CLI starts it only
-# inside its command (rmqdelay/cli/dashboard.py), and nothing else imports it
+# inside its command (rmqdelay/cli/dashboard.py), and nothing else imports it.
+# The bridge is an application above the worker (it may use core, settings, amqp and
+# the worker); only the CLI imports it
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rmqdelay.core": (
         "rmqdelay.amqp",
         "rmqdelay.worker",
         "rmqdelay.cli",
         "rmqdelay.dashboard",
+        "rmqdelay.bridge",
         "rmqdelay.settings",
         "pika",
         "aio_pika",
@@ -38,12 +41,13 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "pamqp",
         "pydantic_settings",
     ),
-    "rmqdelay.amqp": ("rmqdelay.worker", "rmqdelay.cli", "rmqdelay.dashboard"),
-    "rmqdelay.worker": ("rmqdelay.cli", "rmqdelay.dashboard"),
-    "rmqdelay.settings": ("rmqdelay.dashboard",),
-    "rmqdelay.settings_light": ("rmqdelay.dashboard",),
-    "rmqdelay.errors": ("rmqdelay.dashboard",),
-    "rmqdelay.testing": ("rmqdelay.dashboard",),
+    "rmqdelay.amqp": ("rmqdelay.worker", "rmqdelay.cli", "rmqdelay.dashboard", "rmqdelay.bridge"),
+    "rmqdelay.worker": ("rmqdelay.cli", "rmqdelay.dashboard", "rmqdelay.bridge"),
+    "rmqdelay.bridge": ("rmqdelay.cli", "rmqdelay.dashboard"),
+    "rmqdelay.settings": ("rmqdelay.dashboard", "rmqdelay.bridge"),
+    "rmqdelay.settings_light": ("rmqdelay.dashboard", "rmqdelay.bridge"),
+    "rmqdelay.errors": ("rmqdelay.dashboard", "rmqdelay.bridge"),
+    "rmqdelay.testing": ("rmqdelay.dashboard", "rmqdelay.bridge"),
 }
 
 
@@ -223,6 +227,61 @@ def test_only_the_dashboard_command_imports_the_dashboard() -> None:
         and (imp.module != "rmqdelay.cli.dashboard" or imp.at_import_time)
     ]
     assert not found, "\n".join(found)
+
+
+def test_only_the_cli_imports_the_bridge() -> None:
+    """An application, as the dashboard: nothing below the CLI may depend on it."""
+    found = [
+        imp.where()
+        for imp in ALL_IMPORTS
+        if _within(imp.target, "rmqdelay.bridge")
+        and not _within(imp.module, "rmqdelay.bridge")
+        and not _within(imp.module, "rmqdelay.cli")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_bridge_keeps_its_pure_modules_free_of_io() -> None:
+    """Its names and envelope are sans-IO, as core is: what core may not import, they may
+    not (nor the rest of the bridge)."""
+    pure = ("rmqdelay.bridge.names", "rmqdelay.bridge.envelope")
+    banned = (*FORBIDDEN["rmqdelay.core"], "rmqdelay.bridge")
+    broken = [
+        f"{imp.where()} imports {imp.target}"
+        for imp in ALL_IMPORTS
+        if imp.module in pure
+        and any(_within(imp.target, b) for b in banned)
+        and imp.target not in pure
+    ]
+    assert not broken, "\n".join(broken)
+    assert set(pure) <= MODULES.keys()
+
+
+# what the handling of a delivery stands on in core: the base every concept shares
+HANDLING_BASE = ("clock", "durations", "layout", "messages")
+
+
+def test_handling_stands_on_the_core_base_alone_and_the_core_does_not_lean_on_it() -> None:
+    """``core.handling`` is one concept: it uses the core's base, not publishing or the
+    journal, and nothing else in core uses it (the worker and the amqp layer do)."""
+    handling = "rmqdelay.core.handling"
+    allowed = (handling, "rmqdelay.errors", *(f"rmqdelay.core.{m}" for m in HANDLING_BASE))
+    broken = [
+        f"{imp.where()} imports {imp.target}"
+        for imp in ALL_IMPORTS
+        if _within(imp.module, handling)
+        and _within(imp.target, PACKAGE)
+        and not any(_within(imp.target, a) for a in allowed)
+    ]
+    broken += [
+        f"{imp.where()} imports {imp.target}: the rest of core must not use handling"
+        for imp in ALL_IMPORTS
+        if _within(imp.module, "rmqdelay.core")
+        and not _within(imp.module, handling)
+        and _within(imp.target, handling)
+    ]
+    assert not broken, "\n".join(broken)
+    assert {f"{handling}.{m}" for m in ("handlers", "retry", "parking", "acks")} <= MODULES.keys()
 
 
 def test_no_import_cycle_at_import_time() -> None:

@@ -1,11 +1,11 @@
-"""The registry of handlings the broker took back (core.takeback), without a broker."""
+"""The registry of handlings the broker took back (core.handling.takeback), without a broker."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmqdelay.core.takeback import TakenBack, key_of
+from rmqdelay.core.handling.takeback import TakenBack, key_of
 
 A = key_of("a", 1_000, 1)
 B = key_of("b", None, 2)

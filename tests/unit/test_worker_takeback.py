@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from rmqdelay.core.retry import Decision
-from rmqdelay.core.takeback import key_of
+from rmqdelay.core.handling.retry import Decision
+from rmqdelay.core.handling.takeback import key_of
 from rmqdelay.worker.delivery import Delivery
 from rmqdelay.worker.hooks import Hooks, Settled
 from rmqdelay.worker.process import Outcome, Processor

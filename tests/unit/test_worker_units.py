@@ -18,9 +18,8 @@ from typing_extensions import TypedDict
 
 from rmqdelay import ConfigurationError, Settings
 from rmqdelay.cli.worker import AppLoadError, _queues, load_worker
-from rmqdelay.core.handlers import inspect_handler
-from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
-from rmqdelay.core.parking import (
+from rmqdelay.core.handling.handlers import inspect_handler
+from rmqdelay.core.handling.parking import (
     PARKED_ATTEMPTS,
     PARKED_REASON,
     REPLAYS,
@@ -29,8 +28,7 @@ from rmqdelay.core.parking import (
     replay_headers,
     short_traceback,
 )
-from rmqdelay.core.publisher_core import PublisherCore
-from rmqdelay.core.retry import (
+from rmqdelay.core.handling.retry import (
     Backoff,
     DecodeError,
     Park,
@@ -39,6 +37,8 @@ from rmqdelay.core.retry import (
     RetryPolicy,
     decide,
 )
+from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
+from rmqdelay.core.publisher_core import PublisherCore
 from rmqdelay.worker import Worker, WorkerError
 from rmqdelay.worker.context import Context
 from rmqdelay.worker.logs import StructuredFormatter

@@ -1,5 +1,5 @@
 """Stage 1 of the x-delay bridge: the inbox into the tiers, on pika, in a thread of its
-own (or a process: :func:`rmqdelay.worker.bridge.carry_in_process`).
+own (or a process: :func:`rmqdelay.bridge.app.carry_in_process`).
 
 Each batch of deliveries (up to ``batch``, as many as have arrived) goes to the tiers
 with the public :meth:`rmqdelay.Publisher.publish_many` on the same connection; the batch
@@ -9,7 +9,7 @@ back to the inbox (``basic.reject``, which counts toward its delivery limit).
 
 pika, not aio-pika: its consumer costs less than half of aiormq's client CPU per
 delivery (measured 22 against 54 µs), and stage 1 is where the bridge's throughput is
-decided; pika reads header floats as ints, which :mod:`.pika_private` mends. The
+decided; pika reads header floats as ints, which :mod:`rmqdelay.amqp.pika_private` mends. The
 worker's event loop runs stage 2; stage 1 tells it when its connection is lost
 (``on_lost``), and the worker reconnects both.
 """
@@ -28,18 +28,15 @@ import pika.exceptions
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from ..core.bridge import (
-    CONTENT_TYPE,
-    PROPERTY_NAMES,
-    BridgeNames,
-    Carried,
-    Inbound,
-    carry,
-    read_delay,
-)
+from ..amqp import pika_private
+from ..amqp.blocking import close_connection
+from ..amqp.connections import connect_blocking
+from ..amqp.passive import queue_exists
+from ..amqp.pika_confirms import LOST, pika_encoded
+from ..amqp.publisher import Publisher
 from ..core.clock import now_ms, now_us, us_of_ms
+from ..core.handling.parking import parked_headers
 from ..core.messages import amqp_properties
-from ..core.parking import parked_headers
 from ..core.wire import encode_properties
 from ..errors import (
     BatchPublishError,
@@ -49,12 +46,8 @@ from ..errors import (
     WorkerError,
 )
 from ..settings import Settings
-from . import pika_private
-from .blocking import close_connection
-from .connections import connect_blocking
-from .passive import queue_exists
-from .pika_confirms import LOST, pika_encoded
-from .publisher import Publisher
+from .envelope import CONTENT_TYPE, PROPERTY_NAMES, Carried, Inbound, carry, read_delay
+from .names import BridgeNames
 
 __all__ = ["BATCH", "PREFETCH", "InboxCarrier"]
 
@@ -144,8 +137,8 @@ class InboxCarrier:
         timeout = self.settings.confirm_timeout
         if not queue_exists(connection, self.names.inbox, timeout):
             raise WorkerError(
-                f"the bridge's inbox queue {self.names.inbox!r} does not exist: run "
-                f"`rmqdelay bridge declare --exchange {self.names.exchange} --type TYPE`"
+                f"the bridge's inbox queue {self.names.inbox!r} does not exist: "
+                f"run `{self.names.declare_command}`"
             )
         self._publisher = Publisher(self.settings, connection=connection).connect()
         self._park = connection.channel()

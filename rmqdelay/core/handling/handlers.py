@@ -23,7 +23,7 @@ from typing import Any, get_origin, get_type_hints
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 from .retry import DecodeError, RetryPolicy
 
 __all__ = ["Decoder", "HandlerSpec", "inspect_handler", "make_decoder"]

@@ -1,4 +1,4 @@
-"""The ``x-delay`` bridge, pure: names, the ``x-delay`` header, and the envelope.
+"""The x-delay bridge's messages, pure: the ``x-delay`` header, and the envelope.
 
 Users of the delayed-message-exchange plugin publish to an exchange ``NAME`` with an
 ``x-delay`` header (milliseconds). The bridge takes every such message from an inbox
@@ -23,57 +23,39 @@ delivered them at once.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
-from ..errors import ConfigurationError, InvalidMessageError
-from .clock import datetime_of_us, timedelta_of_ms, us_of_ms
-from .durations import format_ms
-from .layout import Layout
-from .routing import validate_destination
-from .templates import new_message_id
-from .topology import Binding, Exchange, Queue, Topology, queue_arguments
-from .wire import encode_properties
+from ..core.clock import datetime_of_us, timedelta_of_ms, us_of_ms
+from ..core.durations import format_ms
+from ..core.templates import new_message_id
+from ..core.wire import encode_properties
+from ..errors import InvalidMessageError
 
 __all__ = [
     "CONTENT_TYPE",
-    "DELIVERY_SUFFIX",
-    "EXCHANGE_TYPES",
     "PLUGIN_MAX_DELAY_MS",
     "PROPERTY_NAMES",
     "X_DELAY",
-    "BridgeNames",
-    "BridgeTopology",
     "Carried",
-    "ExchangeType",
     "Inbound",
-    "Policy",
     "Restored",
-    "bridge_names",
-    "bridge_topology",
     "carry",
     "read_delay",
-    "unwanted_bindings",
     "unwrap",
     "wrap",
 ]
 
-ExchangeType = Literal["direct", "topic", "fanout", "headers"]
-EXCHANGE_TYPES: tuple[ExchangeType, ...] = ("direct", "topic", "fanout", "headers")
 X_DELAY = "x-delay"
 CONTENT_TYPE = "application/x-rmqdelay-bridge"
 """A bridged copy's: its body is the envelope, then the original body (:func:`wrap`)."""
 _MAGIC = b"rmqdb\x01"
-DELIVERY_SUFFIX = ".delayed"
-"""``DNAME`` is ``NAME`` + this unless given: where consumers' queues bind."""
 PLUGIN_MAX_DELAY_MS = 2**32 - 1
 """The plugin's longest delay (an Erlang timer); it delivered longer ones at once."""
-_VERSION = 1
 
 PROPERTY_NAMES = (
     "content_type",
@@ -93,160 +75,7 @@ PROPERTY_NAMES = (
 """Basic's properties besides ``headers``, as :func:`rmqdelay.core.wire.encode_properties`
 names them: the envelope keeps those a message came with."""
 
-_WORD = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-_NOT_WORD = re.compile(r"[^A-Za-z0-9_-]+")
 _INTEGER = re.compile(r"^[+-]?[0-9]+$")
-_DESTINATION_HEAD = "bridge."
-
-
-# --------------------------------------------------------------------------- names
-
-
-@dataclass(frozen=True)
-class BridgeNames:
-    """Every name one bridge uses; the same for ``bridge declare`` and ``bridge run``."""
-
-    exchange: str
-    """``NAME``: where publishers send, with ``x-delay``."""
-    delivery_exchange: str
-    """``DNAME``: where the messages come out when due; consumers bind their queues here."""
-    destination: str
-    """The rmqdelay destination the messages wait for (stage 2 consumes its work queue)."""
-    inbox: str
-    """The quorum queue every message sent to ``NAME`` reaches, whatever its routing key;
-    for a direct ``NAME``, also the fanout exchange its alternate-exchange policy names
-    and the policy itself."""
-
-    @property
-    def policy(self) -> str:
-        return self.inbox
-
-
-def _check_exchange(what: str, name: str) -> str:
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"{what} must be a non-empty exchange name, got {name!r}")
-    if len(name.encode()) > 255:
-        raise ConfigurationError(f"{what} {name[:40]!r}... is over AMQP's 255 bytes")
-    if name.startswith("amq."):
-        raise ConfigurationError(f"{what} {name!r}: names starting with 'amq.' are RabbitMQ's")
-    return name
-
-
-def default_destination(layout: Layout, exchange: str) -> str:
-    """``bridge.NAME``; a ``NAME`` with characters a destination cannot hold (or too long)
-    is cleaned, with a hash of the name so that two exchanges never share one."""
-    whole = _DESTINATION_HEAD + exchange
-    if _WORD.fullmatch(exchange) and len(whole.encode()) <= layout.max_destination_length:
-        return whole
-    digest = hashlib.sha256(exchange.encode()).hexdigest()[:10]
-    words = [w for w in _NOT_WORD.sub("-", exchange).split("-") if w] or ["x"]
-    room = layout.max_destination_length - len(_DESTINATION_HEAD) - len(digest) - 1
-    stem = "-".join(words)[: max(room, 1)].strip("-") or "x"
-    return f"{_DESTINATION_HEAD}{stem}-{digest}"
-
-
-def bridge_names(
-    layout: Layout,
-    exchange: str,
-    *,
-    delivery_exchange: str | None = None,
-    destination: str | None = None,
-) -> BridgeNames:
-    """Check the names and derive the defaults: ``DNAME = NAME.delayed``, the destination
-    ``bridge.NAME``, the inbox ``{prefix}.{destination}.inbox``."""
-    _check_exchange("--exchange", exchange)
-    delivery = delivery_exchange if delivery_exchange is not None else exchange + DELIVERY_SUFFIX
-    _check_exchange("--delivery-exchange", delivery)
-    if delivery == exchange:
-        raise ConfigurationError(
-            f"the delivery exchange must differ from the exchange publishers use ({exchange!r}):"
-            " a queue bound there would get every message at once"
-        )
-    if destination is None:
-        destination = default_destination(layout, exchange)
-    validate_destination(layout, destination)
-    inbox = f"{layout.prefix}.{destination}.inbox"
-    if len(inbox.encode()) > 255:
-        raise ConfigurationError(f"the inbox queue name {inbox[:60]!r}... is over 255 bytes")
-    return BridgeNames(exchange, delivery, destination, inbox)
-
-
-# --------------------------------------------------------------------------- topology
-
-
-@dataclass(frozen=True)
-class Policy:
-    """An ``alternate-exchange`` policy: a direct exchange cannot bind "every key", so its
-    unroutable messages (all of them, while no queue is bound to it) go to the inbox.
-
-    A policy, not an exchange argument: publishers that still declare ``NAME`` would fail
-    on an argument they do not give (``inequivalent arg 'alternate-exchange'``); a policy
-    is not part of that comparison.
-    """
-
-    name: str
-    pattern: str
-    definition: Mapping[str, Any]
-    apply_to: str = "exchanges"
-    priority: int = 0
-
-
-@dataclass(frozen=True)
-class BridgeTopology:
-    """What ``bridge declare`` creates besides the destination's own rmqdelay topology:
-    ``NAME`` and ``DNAME`` (durable, no arguments: as publishers and consumers declare
-    them), the inbox, what leads to it, and for a direct ``NAME`` its policy."""
-
-    exchange_type: ExchangeType
-    objects: Topology
-    policy: Policy | None = None
-
-
-def bridge_topology(layout: Layout, names: BridgeNames, exchange_type: str) -> BridgeTopology:
-    """What leads every message to the inbox: a binding that matches everything (topic
-    ``#``, fanout, headers with ``x-match: all`` and nothing to match), or for direct the
-    alternate-exchange policy and a fanout of the inbox's name."""
-    if exchange_type not in EXCHANGE_TYPES:
-        raise ConfigurationError(
-            f"bad exchange type {exchange_type!r}: use the x-delayed-type your publishers "
-            f"declared, one of {', '.join(EXCHANGE_TYPES)}"
-        )
-    kind: ExchangeType = exchange_type
-    arguments = queue_arguments(layout, layout.queue_type, layout.parking)
-    if layout.queue_type == "quorum":
-        # a message the bridge fails on, again and again, is parked by the broker
-        arguments["x-delivery-limit"] = layout.delivery_limit
-    exchanges = [Exchange(names.exchange, kind), Exchange(names.delivery_exchange, kind)]
-    queues = (Queue(names.inbox, "inbox", arguments),)
-    policy = None
-    if kind == "direct":
-        exchanges.append(Exchange(names.inbox, "fanout"))
-        binding = Binding(names.inbox, names.inbox, "queue", "")
-        pattern = "^" + re.escape(names.exchange) + "$"
-        policy = Policy(names.policy, pattern, {"alternate-exchange": names.inbox})
-    else:
-        key = "#" if kind == "topic" else ""
-        args = {"x-match": "all"} if kind == "headers" else {}
-        binding = Binding(names.exchange, names.inbox, "queue", key, args)
-    return BridgeTopology(kind, Topology(tuple(exchanges), queues, (binding,)), policy)
-
-
-def unwanted_bindings(
-    names: BridgeNames, bindings: list[Mapping[str, Any]]
-) -> list[tuple[str, str, str]]:
-    """Bindings from ``NAME`` to anything but the inbox, as the management API lists them:
-    (destination type, destination, routing key). Such a queue gets every message it
-    matches at once, undelayed; it should bind to ``DNAME`` instead."""
-    found = []
-    for b in bindings:
-        if b.get("source") != names.exchange:
-            continue
-        if b.get("destination") == names.inbox and b.get("destination_type") == "queue":
-            continue
-        found.append(
-            (str(b.get("destination_type")), str(b.get("destination")), str(b.get("routing_key")))
-        )
-    return sorted(found)
 
 
 # --------------------------------------------------------------------------- x-delay

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
-from . import clock
-from .layout import Layout
-from .messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
+from .. import clock
+from ..layout import Layout
+from ..messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
 
 __all__ = [
     "PARKED_AT",

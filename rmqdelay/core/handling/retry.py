@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..errors import ConfigurationError, RmqDelayError
-from . import clock
-from .durations import DurationLike, format_ms, parse_duration_us
+from ...errors import ConfigurationError, RmqDelayError
+from .. import clock
+from ..durations import DurationLike, format_ms, parse_duration_us
 
 __all__ = [
     "Backoff",

@@ -1,7 +1,8 @@
-"""``rmqdelay bridge declare``: the x-delay bridge's objects on the broker (sync, pika).
+"""``rmqdelay bridge declare``: the x-delay bridge's objects on the broker (sync, pika),
+and the check ``bridge run`` makes that they are there.
 
 The destination's rmqdelay topology through :class:`TopologyManager`, then ``NAME``,
-``DNAME``, the inbox and what leads to it (:func:`rmqdelay.core.bridge.bridge_topology`);
+``DNAME``, the inbox and what leads to it (:func:`rmqdelay.bridge.names.bridge_topology`);
 for a direct ``NAME`` its alternate-exchange policy, through the management API (AMQP
 cannot set one). Idempotent. What it cannot fix, it reports: a queue still bound to
 ``NAME`` gets every message at once.
@@ -9,7 +10,6 @@ cannot set one). Idempotent. What it cannot fix, it reports: a queue still bound
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import urllib.error
@@ -17,16 +17,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.bridge import BridgeNames, BridgeTopology, Policy, bridge_topology, unwanted_bindings
-from ..errors import TopologyConflictError, TopologyError
+from ..amqp.blocking import close_connection
+from ..amqp.connections import connect_blocking
+from ..amqp.management import ManagementApi
+from ..amqp.passive import exchange_exists, queue_exists
+from ..amqp.topology_manager import TopologyManager
+from ..errors import ConnectionFailedError, TopologyConflictError, TopologyError, WorkerError
 from ..settings import Settings
-from .blocking import close_connection
-from .connections import connect_blocking
-from .management import ManagementApi
-from .passive import exchange_exists, queue_exists
-from .topology_manager import TopologyManager
+from .names import BridgeNames, BridgeTopology, Policy, bridge_topology, unwanted_bindings
 
-__all__ = ["BridgeDeclared", "declare_bridge", "missing_objects", "policy_command"]
+__all__ = ["BridgeDeclared", "check_declared", "declare_bridge", "missing_objects"]
 
 POLICY_WAIT_S = 10.0
 """How long ``declare`` waits for the broker to apply the policy it set."""
@@ -41,19 +41,15 @@ class BridgeDeclared:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-
-def policy_command(policy: Policy, vhost: str) -> str:
-    """The rabbitmqctl line that sets ``policy`` by hand."""
-    definition = json.dumps(dict(policy.definition), separators=(",", ":"))
-    return (
-        f"rabbitmqctl set_policy -p {_quoted(vhost)} --apply-to {policy.apply_to} "
-        f"--priority {policy.priority} {_quoted(policy.name)} {_quoted(policy.pattern)} "
-        f"{_quoted(definition)}"
-    )
-
-
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
+    def describe(self) -> list[str]:
+        """What was declared, a line each: where to publish, where to bind, the notes."""
+        names = self.names
+        return [
+            f"publishers send to {names.exchange!r} ({self.topology.exchange_type}, x-delay "
+            f"in ms); bind consumers' queues to {names.delivery_exchange!r}",
+            f"inbox {names.inbox!r}, destination {names.destination!r}",
+            *self.notes,
+        ]
 
 
 def declare_bridge(settings: Settings, names: BridgeNames, exchange_type: str) -> BridgeDeclared:
@@ -74,7 +70,7 @@ def declare_bridge(settings: Settings, names: BridgeNames, exchange_type: str) -
             raise TopologyError(
                 f"a direct exchange needs a policy to lead every message to the inbox, set "
                 f"through the management API, which cannot be used: {problem}. Or set it "
-                f"yourself: {policy_command(topology.policy, api.vhost)}"
+                f"yourself: {topology.policy.command(api.vhost)}"
             )
         declared.notes.append(_set_policy(api, names, topology.policy))
     if problem:
@@ -121,7 +117,7 @@ def _set_policy(api: ManagementApi, names: BridgeNames, policy: Policy) -> str:
             f"exchange {names.exchange!r} has the policy {applied!r}, and RabbitMQ applies one "
             f'policy per exchange: add "alternate-exchange": {names.inbox!r} to its '
             f"definition, then run bridge declare again (the bridge's own would be: "
-            f"{policy_command(policy, vhost)})"
+            f"{policy.command(vhost)})"
         )
     body = {
         "pattern": policy.pattern,
@@ -136,7 +132,7 @@ def _set_policy(api: ManagementApi, names: BridgeNames, policy: Policy) -> str:
         why = "needs the policymaker (or administrator) tag" if refused else f"HTTP {exc.code}"
         raise TopologyError(
             f"cannot set the policy {policy.name!r} through the management API ({why}); "
-            f"have an administrator run: {policy_command(policy, vhost)}"
+            f"have an administrator run: {policy.command(vhost)}"
         ) from None
     deadline = time.monotonic() + POLICY_WAIT_S
     while (applied := _applied_policy(api, names.exchange)) != policy.name:
@@ -202,3 +198,20 @@ def missing_objects(settings: Settings, names: BridgeNames) -> list[str]:
         close_connection(connection, timeout)
         quiet.setLevel(level)
     return missing
+
+
+def check_declared(settings: Settings, names: BridgeNames) -> None:
+    """Name every object ``bridge declare`` makes that is missing, before ``bridge run``
+    starts (the worker's own check would name only the work queue, and the wrong
+    command). A broker that cannot be reached yet is left to the worker, which retries."""
+    try:
+        missing = missing_objects(settings, names)
+    except ConnectionFailedError as exc:
+        if not exc.transient:
+            raise
+        return
+    if missing:
+        raise WorkerError(
+            f"the bridge for {names.exchange!r} is not declared ({', '.join(missing)} "
+            f"missing): run `{names.declare_command}`"
+        )
