@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     dashboard_password: SecretStr | None = Field(None, repr=False)
     """HTTP basic authentication for the dashboard, with ``dashboard_user``."""
     dashboard_read_only: bool = False
-    """The dashboard shows and refuses every action (cancel, replay, pause, ...)."""
+    """The dashboard shows everything and refuses every action (cancel, reschedule, replay, ...)."""
     dashboard_state: Path | None = None
     """The file the dashboard keeps the schedule in (SQLite), so a restart reads only the
     journal since; default: ``~/.cache/rmqdelay/dashboard-<prefix>-<broker>.sqlite3``."""

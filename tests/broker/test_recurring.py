@@ -74,7 +74,9 @@ def test_add_list_pause_resume_remove(shared_topology: TestTopology) -> None:
             r for r in publisher.list_scheduled(destination=dest) if r.headers.get(RECURRING)
         ]
         assert publisher.pause_recurring(name).outcome == "unknown"
-        assert publisher.remove_recurring(name).outcome == "unknown"
+        # a second remove answers as the first did, as a second cancel does
+        again = publisher.remove_recurring(name)
+        assert (again.outcome, again.cancelled) == ("removed", ())
 
         # a new chain of the same name after a remove
         readded = publisher.add_recurring(name, dest, b"x", cron="*/30 * * * *", tz="Europe/Berlin")
@@ -180,6 +182,9 @@ def test_the_command_line(shared_topology: TestTopology) -> None:
     code, said = cli("recurring", "remove", name)
     assert code == 0 and "cancelled the pending occurrence" in said, said
     code, said = cli("recurring", "remove", name)
+    assert code == 0 and said.startswith(f"{name}: removed (cron */30"), said
+    assert "cancelled the pending occurrence" not in said, said
+    code, said = cli("recurring", "pause", name)
     assert code == 1 and f"{name}: unknown" in said, said
     code, said = cli("recurring", "add", name, "x", "-d", dest, "--cron", "99 * * * *")
     assert code == 2 and "5 fields" in said, said
