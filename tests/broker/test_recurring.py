@@ -159,15 +159,17 @@ def test_the_command_line(shared_topology: TestTopology) -> None:
         return result.exit_code, result.output
 
     code, said = cli(
-        "recurring", "add", name, '{"n": 1}', "-d", dest, "--cron", "*/30 * * * *",
-        "--tz", "Europe/Berlin", "--json",
+        "recurring", "add", name, dest, '{"n": 1}', "--content-type", "json",
+        "--cron", "*/30 * * * *", "--tz", "Europe/Berlin", "--json",
     )  # fmt: skip
     assert code == 0, said
     added = json.loads(said)
     assert (added["outcome"], added["rule"]) == ("added", "cron */30 * * * * (Europe/Berlin)")
+    # the old spelling (NAME BODY -d DEST), kept for a release: the same schedule
     code, said = cli("recurring", "add", name, "x", "-d", dest, "--cron", "*/30 * * * *",
                      "--tz", "Europe/Berlin")  # fmt: skip
     assert code == 0 and f"{name}: exists" in said, said
+    assert "--destination is deprecated, use the DESTINATION argument" in said
     code, said = cli("recurring", "list", "--json")
     rows = [json.loads(line) for line in said.splitlines()]
     (row,) = [r for r in rows if r["name"] == name]
@@ -186,7 +188,7 @@ def test_the_command_line(shared_topology: TestTopology) -> None:
     assert "cancelled the pending occurrence" not in said, said
     code, said = cli("recurring", "pause", name)
     assert code == 1 and f"{name}: unknown" in said, said
-    code, said = cli("recurring", "add", name, "x", "-d", dest, "--cron", "99 * * * *")
+    code, said = cli("recurring", "add", name, dest, "x", "--cron", "99 * * * *")
     assert code == 2 and "5 fields" in said, said
 
 
