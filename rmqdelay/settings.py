@@ -149,8 +149,8 @@ class Settings(BaseSettings):
     schedule_journal: bool = True
     """Record every publish and cancel in the ``{prefix}.schedule`` stream: needed by
     ``scheduled list`` and ``cancel``; off saves one small write per publish."""
-    journal_bodies: bool = False
-    """Keep each message's body in its journal record too (the journal grows with them)."""
+    journal_bodies: bool = True
+    """Keep each body in its journal record: an earlier reschedule's copy is made of it."""
     journal_retention: Bytes = DEFAULT_JOURNAL_RETENTION
     """Bytes the journal's stream keeps, and its checkpoints' stream too (``2GiB``,
     ``500MB``): the state as of the latest checkpoint, and the records since. Old

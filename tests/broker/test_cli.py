@@ -151,3 +151,29 @@ def test_output_into_a_pipe_is_plain_and_never_wrapped(env: dict[str, str]) -> N
         ).returncode
         == 0
     )
+
+
+def test_reschedule_earlier_works_with_the_default_settings(env: dict[str, str]) -> None:
+    """A fresh prefix, no setting but the URL, the prefix and a maximum delay: the body
+    is in the journal (journal_bodies defaults to true), so an earlier time is a fresh
+    copy, handled once at its new time."""
+    assert "RMQDELAY_JOURNAL_BODIES" not in env
+    assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
+    try:
+        sent = run_cli(env, "publish", "jobs", "early bird", "--delay", "50m", "--json")
+        assert sent.returncode == 0, sent.stderr
+        message_id = json.loads(sent.stdout)["message_id"]
+        moved = run_cli(env, "reschedule", message_id, "--delay", "1s")
+        assert moved.returncode == 0, (moved.stdout, moved.stderr)
+        assert moved.stdout.startswith(f"{message_id}: rescheduled from ")
+        assert moved.stdout.rstrip().endswith("(a fresh copy was published)")
+        got = run_cli(env, "consume", "jobs", "--count", "1", "--timeout", "30", "--json")
+        assert got.returncode == 0, got.stderr
+        (line,) = got.stdout.splitlines()
+        message = json.loads(line)
+        assert (message["message_id"], message["body"]) == (message_id, "early bird")
+        listed = run_cli(env, "scheduled", "list", "--json")
+        assert listed.returncode == 0 and message_id not in listed.stdout  # moved, not twice
+    finally:
+        destroyed = run_cli(env, "topology", "destroy", "--yes", "--force", "-d", "jobs")
+        assert destroyed.returncode == 0, destroyed.stderr
