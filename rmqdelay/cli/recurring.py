@@ -181,7 +181,13 @@ def resume(
     _switch("resume", name, as_json, url, prefix, config)
 
 
-@app.command("remove", epilog=epilog("The chain ends; its pending occurrence is cancelled."))
+@app.command(
+    "remove",
+    epilog=epilog(
+        "The chain ends; its pending occurrence is cancelled. Removing it again answers "
+        "'removed' as the first time did, as a second cancel of an id answers 'cancelled'."
+    ),
+)
 @argument("name", help="The schedule's name.")
 @_JSON
 @broker_options
