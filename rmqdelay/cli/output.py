@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
     from rich.text import Text
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "out",
     "print_json",
     "print_table",
+    "rich_table",
     "text",
 ]
 
@@ -104,14 +106,27 @@ def print_table(
         lines += [caption] if caption else []
         console.file.write("\n".join(lines) + "\n")
         return
+    console.print(rich_table(titles, rows, title=title, caption=caption, right=right))
+
+
+def rich_table(
+    titles: Sequence[str],
+    rows: Iterable[Sequence[Cell]],
+    *,
+    title: str | None = None,
+    caption: str | None = None,
+    right: Iterable[str] = (),
+) -> Table:
+    """The table rich draws on a terminal (``status --watch`` redraws it live)."""
     from rich.table import Table
 
+    right = set(right)
     table = Table(title=title, caption=caption)
     for name in titles:
         table.add_column(name, justify="right" if name in right else "left")
     for row in rows:
         table.add_row(*map(text, row))
-    console.print(table)
+    return table
 
 
 def text(cell: Cell) -> Text:

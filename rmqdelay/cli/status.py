@@ -21,7 +21,7 @@ from .options import (
     settings_from,
     usage_error,
 )
-from .output import Cell, err, out, print_json, print_table, text
+from .output import Cell, err, out, print_json, print_table, rich_table, text
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -129,16 +129,12 @@ _RIGHT = ("messages", "past time", "ready", "unacked", "consumers")
 def _render(status: Status) -> Group:
     """The status as rich draws it on a terminal (``--watch``)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     tables, lines = _tables(status)
-    drawn: list[Table] = []
-    for title, columns, rows in tables:
-        table = Table(*columns, title=title)
-        for row in rows:
-            table.add_row(*map(text, row))
-        drawn.append(table)
+    drawn = [
+        rich_table(columns, rows, title=title, right=_RIGHT) for title, columns, rows in tables
+    ]
     return Group(*drawn, Text("\n").join(map(text, lines)))
 
 
