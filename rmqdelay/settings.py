@@ -149,8 +149,8 @@ class Settings(BaseSettings):
     schedule_journal: bool = True
     """Record every publish and cancel in the ``{prefix}.schedule`` stream: needed by
     ``scheduled list`` and ``cancel``; off saves one small write per publish."""
-    journal_bodies: bool = False
-    """Keep each message's body in its journal record too (the journal grows with them)."""
+    journal_bodies: bool = True
+    """Keep each body in its journal record: an earlier reschedule's copy is made of it."""
     journal_retention: Bytes = DEFAULT_JOURNAL_RETENTION
     """Bytes the journal's stream keeps, and its checkpoints' stream too (``2GiB``,
     ``500MB``): the state as of the latest checkpoint, and the records since. Old
@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     dashboard_password: SecretStr | None = Field(None, repr=False)
     """HTTP basic authentication for the dashboard, with ``dashboard_user``."""
     dashboard_read_only: bool = False
-    """The dashboard shows and refuses every action (cancel, replay, pause, ...)."""
+    """The dashboard shows everything and refuses every action (cancel, reschedule, replay, ...)."""
     dashboard_state: Path | None = None
     """The file the dashboard keeps the schedule in (SQLite), so a restart reads only the
     journal since; default: ``~/.cache/rmqdelay/dashboard-<prefix>-<broker>.sqlite3``."""

@@ -296,7 +296,7 @@ class LightSettings:
     queue_leader_locator: Literal["balanced", "client-local", "none"] = "balanced"
     quorum_group_size: int | None = None
     schedule_journal: bool = True
-    journal_bodies: bool = False
+    journal_bodies: bool = True
     journal_retention: int = DEFAULT_JOURNAL_RETENTION
     destinations: tuple[str, ...] = ()
     max_destination_length: int = 100

@@ -82,6 +82,10 @@ class _LazyGroup(Group):
 app = _LazyGroup(
     "rmqdelay",
     help="Exact delayed delivery on RabbitMQ with no plugin: declare, publish, consume.",
+    epilog="Output: a table is drawn on a terminal; into a pipe or a file it is plain "
+    "columns, and no line is wrapped or cut (FORCE_COLOR=1 draws tables anyway). --json "
+    "prints a command's result as JSON: one object, or one object per line where its help "
+    "says so.",
     no_args_is_help=True,
     # as wide as the terminal up to 100 columns (click's default stops at 80); the
     # defaults of options shown, as in `[default: 8; 1<=x<=10000]`

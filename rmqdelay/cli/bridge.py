@@ -53,6 +53,7 @@ _delivery = click.option(
     help="Where messages come out when due; bind consumers' queues here (default: NAME.delayed).",
 )
 _destination = click.option(
+    "-d",
     "--destination",
     metavar="DESTINATION",
     help="The rmqdelay destination the messages wait for (default: bridge.NAME).",

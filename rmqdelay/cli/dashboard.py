@@ -6,13 +6,19 @@ from pathlib import Path
 
 import click
 
-from .options import Command, broker_options, epilog, err, friendly_errors, settings_from
+from .options import Command, broker_options, epilog, friendly_errors, settings_from
+from .output import err
 
-__all__ = ["dashboard_command"]
+__all__ = ["READ_ONLY", "dashboard_command"]
+
+# rmqdelay.dashboard.READ_ONLY, spelled out: the dashboard is imported when the command
+# runs, not for the help (a unit test keeps them equal)
+READ_ONLY = "shows everything and refuses every action (cancel, reschedule, replay, ...)"
 
 _EXTRA = (
-    "the dashboard needs its extra: pip install 'rmqdelay[dashboard]' "
-    "(Starlette, uvicorn and Jinja2)"
+    "the dashboard needs its extra (Starlette, uvicorn and Jinja2): from a clone, "
+    "pip install -e '.[dashboard]'; from a wheel, "
+    "pip install './rmqdelay-VERSION-py3-none-any.whl[dashboard]'"
 )
 
 
@@ -24,9 +30,8 @@ _EXTRA = (
         "actions, each page with its JSON twin under /api. It listens on 127.0.0.1 "
         "unless told otherwise, and refuses any other address without a login: a token "
         "(--token, RMQDELAY_DASHBOARD_TOKEN, dashboard_token) or basic auth "
-        "(RMQDELAY_DASHBOARD_USER and RMQDELAY_DASHBOARD_PASSWORD). --read-only shows "
-        "and acts on nothing. What an action may do is the broker user's permissions' "
-        "call: a refused one says why.",
+        f"(RMQDELAY_DASHBOARD_USER and RMQDELAY_DASHBOARD_PASSWORD). --read-only {READ_ONLY}. "
+        "What an action may do is the broker user's permissions' call: a refused one says why.",
         "rmqdelay dashboard",
         "RMQDELAY_DASHBOARD_TOKEN=... rmqdelay dashboard --host 0.0.0.0 --port 8088",
         "rmqdelay dashboard --read-only --worker-metrics http://worker-1:9100/",
@@ -49,7 +54,7 @@ _EXTRA = (
     "--read-only",
     is_flag=True,
     default=None,
-    help="Refuse every action. Env: RMQDELAY_DASHBOARD_READ_ONLY.",
+    help=f"The dashboard {READ_ONLY}. Env: RMQDELAY_DASHBOARD_READ_ONLY.",
 )
 @click.option(
     "--worker-metrics",

@@ -26,28 +26,34 @@ import click
 from click.exceptions import Exit
 
 from ..errors import RmqDelayError
+from .output import JSON_LINES, JSON_OBJECT, err
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from pydantic import ValidationError
-    from rich.console import Console
 
     from ..settings import Settings
     from ..settings_light import LightSettings
 
 __all__ = [
+    "Alias",
     "Argument",
     "Command",
     "Group",
     "UsageError",
     "argument",
+    "at_option",
     "broker_options",
+    "delay_option",
+    "duration_us",
     "epilog",
-    "err",
     "friendly_errors",
+    "json_option",
     "light_settings_from",
     "management_url_option",
-    "out",
     "settings_from",
+    "time_value",
     "usage_error",
 ]
 
@@ -60,20 +66,54 @@ class Argument(click.Argument):
     """A positional argument with a help text, which the command's help lists under
     "Arguments:" (click before 8.5 lists no arguments; 8.5 lists those given ``help``,
     under "Positional arguments:"). The text is kept as ``description``, not as click
-    8.5's ``help``, so that the help shows it once on every click version."""
+    8.5's ``help``, so that the help shows it once on every click version. ``needed``:
+    required, though click is told otherwise (an :class:`Alias` may give it)."""
 
-    def __init__(self, param_decls: Sequence[str], description: str = "", **attrs: Any) -> None:
+    def __init__(
+        self, param_decls: Sequence[str], description: str = "", needed: bool = False, **attrs: Any
+    ) -> None:
         super().__init__(param_decls, **attrs)
         self.description = description
+        self.needed = needed or self.required
+
+    def make_metavar(self, *args: Any) -> str:
+        shown = super().make_metavar(*args)
+        return shown[1:-1] if self.needed and not self.required and shown[:1] == "[" else shown
 
     def help_row(self) -> tuple[str, str]:
         name = self.human_readable_name + ("..." if self.nargs != 1 else "")
-        return name, self.description + ("  [required]" if self.required else "")
+        return name, self.description + ("  [required]" if self.needed else "")
+
+
+class Alias(click.Option):
+    """An old spelling of an option (or of a positional argument), kept for one release:
+    hidden from the help, its value given to ``target``, with a note on stderr naming
+    the new spelling. For an argument's alias, a positional value typed where the
+    argument stood moves on to ``shifts`` (``recurring add NAME BODY -d DEST``)."""
+
+    def __init__(
+        self, param_decls: Sequence[str], target: str, new: str, shifts: str = "", **attrs: Any
+    ) -> None:
+        super().__init__(param_decls, hidden=True, **attrs)
+        self.target, self.new, self.shifts = target, new, shifts
+
+    def resolve(self, ctx: click.Context) -> None:
+        value = ctx.params.pop(self.name or "", None)
+        if value is None or value == ():
+            return
+        said = self.opts[-1]
+        err().print(f"warning: {said} is deprecated, use {self.new}", highlight=False)
+        given = ctx.params.get(self.target)
+        if given is not None and self.shifts and ctx.params.get(self.shifts) in (None, ""):
+            ctx.params[self.shifts], given = given, None
+        if given is not None and given != ():
+            raise click.UsageError(f"{said} and {self.new} say the same: give one", ctx)
+        ctx.params[self.target] = value
 
 
 class Command(click.Command):
     """A command whose help lists its arguments, each with its help text, before the
-    options."""
+    options, and that gives its :class:`Alias` options' values to their new spelling."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [p.help_row() for p in self.get_params(ctx) if isinstance(p, Argument)]
@@ -81,6 +121,16 @@ class Command(click.Command):
             with formatter.section("Arguments"):
                 formatter.write_dl(rows)
         super().format_options(ctx, formatter)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        for param in self.params:
+            if isinstance(param, Alias):
+                param.resolve(ctx)
+        for param in self.params:
+            if isinstance(param, Argument) and param.needed and ctx.params.get(param.name) is None:
+                raise click.MissingParameter(ctx=ctx, param=param)
+        return rest
 
 
 class Group(click.Group):
@@ -97,6 +147,42 @@ class Group(click.Group):
 def argument(name: str, help: str, **attrs: Any) -> Callable[[F], F]:
     """``@click.argument`` with a help text, shown under "Arguments:"."""
     return click.argument(name, cls=Argument, description=help, **attrs)
+
+
+def json_option(*, lines: bool) -> Callable[[F], F]:
+    """``--json``: print the result as JSON, one object or (``lines``) one per line."""
+    return click.option(
+        "--json", "as_json", is_flag=True, help=JSON_LINES if lines else JSON_OBJECT
+    )
+
+
+def delay_option(help: str) -> Callable[[F], F]:
+    """``--delay DURATION``: a time from now (checked with :func:`duration_us`)."""
+    return click.option("--delay", metavar="DURATION", help=f"{help}, e.g. 1.5s, 15m, 2h30m.")
+
+
+def at_option(help: str) -> Callable[[F], F]:
+    """``--at TIME``: a time, ISO 8601 with a timezone (read by :func:`time_value`)."""
+    return click.option("--at", metavar="TIME", help=f"{help}, ISO 8601 with a timezone.")
+
+
+def alias(*decls: str, target: str, new: str, shifts: str = "") -> Callable[[F], F]:
+    """An old spelling of ``new`` (an option, or the argument ``target``), hidden."""
+    return click.option(*decls, cls=Alias, target=target, new=new, shifts=shifts)
+
+
+def time_value(text: str | None, option: str = "--at") -> datetime | None:
+    """*option*'s time (ISO 8601), read before anything connects: a usage error naming
+    the option otherwise (exit 2)."""
+    if text is None:
+        return None
+    from ..core.durations import parse_time
+    from ..errors import DelayError
+
+    try:
+        return parse_time(text, option)
+    except DelayError as exc:
+        raise usage_error(str(exc)) from None
 
 
 def broker_options(func: F) -> F:
@@ -148,24 +234,6 @@ def epilog(note: str, *examples: str) -> str:
         parts.append("Examples:" if len(examples) > 1 else "Example:")
         parts.append("\b\n" + "\n".join(f"  {example}" for example in examples))
     return "\n\n".join(parts)
-
-
-@functools.cache
-def err() -> Console:
-    """The console for errors and notes, on stderr (made on first use: rich is not cheap)."""
-    from rich.console import Console
-
-    # emoji off: ':b:' in a user's input (worker a:b:c) must not print as an emoji
-    return Console(stderr=True, soft_wrap=True, emoji=False)
-
-
-@functools.cache
-def out(*, emoji: bool = True) -> Console:
-    """The console for a command's output on stdout; ``emoji=False`` where ids are the
-    user's (no ':smile:' emoji)."""
-    from rich.console import Console
-
-    return Console(emoji=emoji)
 
 
 def settings_from(

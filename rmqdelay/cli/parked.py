@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,14 +12,15 @@ from ..core.clock import timedelta_of_us
 from .options import (
     Group,
     broker_options,
+    delay_option,
     duration_us,
     epilog,
-    err,
     friendly_errors,
-    out,
+    json_option,
     settings_from,
     usage_error,
 )
+from .output import err, out, print_json, print_table
 
 if TYPE_CHECKING:
     from ..amqp.parked_queue import ReplayReport
@@ -52,7 +52,7 @@ def _timestamp(parked_at: Any) -> str:
 
 @app.command("list")
 @_destination
-@click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
+@json_option(lines=True)
 @click.option(
     "--limit", type=click.IntRange(min=1), default=100, metavar="N", help="Show at most this many."
 )
@@ -67,9 +67,6 @@ def parked_list(
     config: Path | None,
 ) -> None:
     """List parked messages without removing them."""
-    from rich.markup import escape
-    from rich.table import Table
-
     from ..amqp.parked_queue import ParkedQueue
 
     settings = settings_from(url, prefix, config)
@@ -82,32 +79,31 @@ def parked_list(
 
     total, items = asyncio.run(read())
     if as_json:
-        print(json.dumps([item.to_json() for item in items], indent=2))
+        for item in items:
+            print_json(item.to_json())
         return
-    table = Table(title=f"Parked messages in {ParkedQueue(settings).layout.parking}")
-    table.add_column("message id", overflow="fold")
-    table.add_column("destination")
-    table.add_column("reason", overflow="fold", ratio=3)
-    table.add_column("attempts", justify="right")
-    table.add_column("parked at")
-    for item in items:
-        table.add_row(
-            escape(item.message_id or "-"),
-            escape(item.destination or "?"),
-            escape(item.reason),
-            str(item.attempts),
-            _timestamp(item.parked_at),
-        )
     shown = f"{len(items)} shown" + (f" for {destination!r}" if destination else "")
-    table.caption = f"{shown}; {total} parked in all"
-    out(emoji=False).print(table)
+    print_table(
+        ("message id", "destination", "reason", "attempts", "parked at"),
+        (
+            (
+                item.message_id or "-",
+                item.destination or "?",
+                item.reason,
+                str(item.attempts),
+                _timestamp(item.parked_at),
+            )
+            for item in items
+        ),
+        title=f"Parked messages in {ParkedQueue(settings).layout.parking}",
+        caption=f"{shown}; {total} parked in all",
+        right=("attempts",),
+    )
 
 
 @app.command("replay")
 @_destination
-@click.option(
-    "--delay", metavar="DURATION", help="Deliver after this delay, e.g. 30s (default: now)."
-)
+@delay_option("Deliver after this time from now (default: now)")
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="Replay at most this many.")
 @broker_options
 @friendly_errors
@@ -120,7 +116,6 @@ def parked_replay(
     config: Path | None,
 ) -> None:
     """Send parked messages back to their destinations, attempt count reset to 1."""
-    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -128,7 +123,6 @@ def parked_replay(
         TextColumn,
         TimeElapsedColumn,
     )
-    from rich.table import Table
 
     from ..amqp.parked_queue import ParkedQueue
 
@@ -160,12 +154,12 @@ def parked_replay(
     report = asyncio.run(replay())
     out(emoji=False).print(f"replayed {report.replayed} message(s)")
     if report.skipped:
-        table = Table(title=f"{len(report.skipped)} message(s) stayed parked")
-        table.add_column("message id", overflow="fold")
-        table.add_column("why", overflow="fold")
-        for message_id, why in report.skipped:
-            table.add_row(escape(message_id or "-"), escape(why))
-        err().print(table)
+        print_table(
+            ("message id", "why"),
+            ((message_id or "-", why) for message_id, why in report.skipped),
+            title=f"{len(report.skipped)} message(s) stayed parked",
+            console=err(),
+        )
         raise Exit(1)
 
 

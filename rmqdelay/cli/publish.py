@@ -14,25 +14,32 @@ import click
 from click.exceptions import Exit
 
 from ..core.clock import iso_of_ms, now_ms
+from ..core.messages import JSON
 from .options import (
     Command,
     argument,
+    at_option,
     broker_options,
+    delay_option,
     duration_us,
     epilog,
-    err,
     friendly_errors,
+    json_option,
     light_settings_from,
     settings_from,
+    time_value,
     usage_error,
 )
+from .output import err, print_json
 
 if TYPE_CHECKING:
-    from ..core.outgoing import ConflictChoice, PublishResult
+    from ..core.outgoing import ConflictChoice
     from ..settings import Settings
     from ..worker import Delivery, Settled
 
-__all__ = ["consume", "publish"]
+__all__ = ["DESTINATION_HELP", "consume", "publish", "read_body"]
+
+DESTINATION_HELP = "The destination (work queue name)."
 
 # The broker client, the settings and rich are imported inside the commands: see options.
 
@@ -47,27 +54,41 @@ def _parse_headers(pairs: Sequence[str]) -> dict[str, str]:
     return headers
 
 
-def read_body(body: str, as_json: bool) -> Any:
-    """The body argument (``-``: standard input), parsed when ``--json`` says it is JSON."""
+def read_body(body: str, content_type: str | None) -> tuple[Any, str | None]:
+    """The body argument (``-``: standard input) and its properties. ``--content-type
+    json`` (or ``application/json``) sends it as JSON, checked; another type sends the
+    text with that type. Without one, a body that is a JSON object or array is sent as
+    JSON, and said on stderr; anything else as text."""
     text = sys.stdin.read() if body == "-" else body
-    if not as_json:
-        return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--json was given but the body is not JSON: {exc}") from None
+    if content_type in ("json", JSON):
+        try:
+            return json.loads(text), None
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"--content-type {content_type} but the body is not JSON: {exc}"
+            ) from None
+    if content_type is not None:
+        return text, content_type
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError:
+            return text, None
+        err().print(
+            f"the body is JSON: sent as {JSON} (--content-type text/plain sends it as text)",
+            highlight=False,
+        )
+        return payload, None
+    return text, None
 
 
-def _parse_at(text: str) -> datetime:
-    try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise usage_error(
-            f"--at {text!r} is not ISO 8601, e.g. 2026-11-21T15:00:00+00:00"
-        ) from None
-    if at.tzinfo is None:
-        raise usage_error(f"--at {text!r} has no timezone: add one, e.g. +00:00 or Z")
-    return at
+CONTENT_TYPE = click.option(
+    "--content-type",
+    metavar="TYPE",
+    help="The body's type: json checks the body and sends it as JSON; any other (e.g. "
+    "text/csv) sends the text with that type. Default: a JSON object or array is sent "
+    "as JSON (said on stderr), anything else as text.",
+)
 
 
 @click.command(
@@ -75,18 +96,19 @@ def _parse_at(text: str) -> datetime:
     cls=Command,
     epilog=epilog(
         "",
-        "rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m",
+        "rmqdelay publish orders-timeout '{\"order\": 42}' --delay 15m --json",
         "echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z",
         "rmqdelay publish reminders hi --delay 1h --key order-42 --on-conflict ignore",
     ),
 )
-@argument("destination", help="The destination (work queue name).")
+@argument("destination", help=DESTINATION_HELP)
 @argument("body", help="The body; '-' reads standard input.", default="")
-@click.option("--delay", metavar="DURATION", help="e.g. 1.5s, 15m, 2h30m.")
-@click.option("--at", metavar="TIME", help="Due time, ISO 8601 with a timezone.")
+@delay_option("The due time from now")
+@at_option("The due time")
 @click.option("-H", "--header", multiple=True, metavar="KEY=VALUE", help="k=v; repeat.")
 @click.option("--message-id", metavar="ID", help="Default: a new uuid.")
-@click.option("--json", "as_json", is_flag=True, help="Send the body as JSON.")
+@CONTENT_TYPE
+@json_option(lines=False)
 @click.option(
     "--key",
     metavar="KEY",
@@ -107,6 +129,7 @@ def publish(
     at: str | None,
     header: tuple[str, ...],
     message_id: str | None,
+    content_type: str | None,
     as_json: bool,
     key: str | None,
     on_conflict: str | None,
@@ -130,9 +153,9 @@ def publish(
     # the command line is read whole before anything connects: its mistakes exit 2
     if delay is not None:
         duration_us(delay, "--delay")
-    due_at = _parse_at(at) if at is not None else None
+    due_at = time_value(at)
     headers = _parse_headers(header)
-    payload = read_body(body, as_json)
+    payload, content_type = read_body(body, content_type)
     settings = light_settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 
@@ -146,22 +169,13 @@ def publish(
             message_id=message_id,
             key=key,
             on_conflict=cast("ConflictChoice | None", on_conflict),
+            content_type=content_type,
         )
-    due = iso_of_ms(result.due_at_ms)
     # plain print, not rich: one line as is, never wrapped, and no rich import (start-up)
-    print(f"{result.message_id} due {due}{_keyed(result)}", flush=True)
-
-
-def _keyed(result: PublishResult) -> str:
-    """What the key made of a publish, after its id and due time."""
-    if result.key is None:
-        return ""
-    said = f" key {result.key} generation {result.generation}"
-    if result.outcome == "ignored":
-        return f"{said} ignored: that message was pending; {result.ignored_id} is dropped"
-    if result.outcome == "replaced":
-        return f"{said} replaced {result.replaced_id}"
-    return f"{said} scheduled"
+    if as_json:
+        print_json(result.to_json())
+    else:
+        print(result.describe(), flush=True)
 
 
 def _plain(value: Any) -> Any:
@@ -192,12 +206,12 @@ def _body_fields(body: bytes) -> dict[str, Any]:
         "rmqdelay consume orders-timeout --count 5 --timeout 30 --json",
     ),
 )
-@argument("destination", help="The destination (work queue name).")
+@argument("destination", help=DESTINATION_HELP)
 @click.option("--count", type=click.IntRange(min=1), metavar="N", help="Stop after N messages.")
 @click.option(
     "--timeout", type=click.FloatRange(min=0), metavar="S", help="Give up after S seconds."
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option(lines=True)
 @broker_options
 @friendly_errors
 def consume(
@@ -314,7 +328,7 @@ def _print_message(message_id: str, body: bytes, headers: Mapping[str, Any], as_
         "lateness_ms": None if due is None else received_ms - int(due),
     }
     if as_json:
-        print(json.dumps(record), flush=True)
+        print_json(record)
         return
     due_text = iso_of_ms(int(due)) if due is not None else "-"
     print(

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 from click.exceptions import Exit
 
-from ..core.clock import iso_of_ms, now_ms
+from ..core.clock import datetime_of_ms, iso_of_ms, now_ms
 from .options import (
     Group,
+    alias,
     argument,
+    at_option,
     broker_options,
+    delay_option,
+    duration_us,
     epilog,
     friendly_errors,
-    out,
+    json_option,
     settings_from,
+    time_value,
     usage_error,
 )
-from .publish import _parse_at, _parse_headers, read_body
+from .output import print_json, print_table
+from .publish import CONTENT_TYPE, DESTINATION_HELP, _parse_headers, read_body
 
 if TYPE_CHECKING:
     from ..core.journal.recurring import RecurringResult
@@ -37,16 +42,9 @@ app = Group(
 
 def _print(result: RecurringResult, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(result.to_json(), separators=(",", ":")), flush=True)
-        return
-    said = f"{result.name}: {result.outcome}"
-    if result.rule:
-        said += f" ({result.rule} to {result.destination})"
-    if result.next_ms is not None:
-        said += f", next {iso_of_ms(result.next_ms)}"
-    if result.cancelled:
-        said += f", cancelled the pending occurrence ({', '.join(result.cancelled)})"
-    print(said, flush=True)
+        print_json(result.to_json())
+    else:
+        print(result.describe(), flush=True)
 
 
 @app.command(
@@ -58,33 +56,46 @@ def _print(result: RecurringResult, as_json: bool) -> None:
         "nor loses a firing. --cron follows DST as cron does (a time in the spring gap "
         "fires right after it, a fixed time in the autumn repeat fires once); --every "
         "is absolute time, counted from the Unix epoch (every 15m: :00, :15, :30, :45 "
-        "UTC) or from --first-at. Adding a schedule that exists with the same rule and "
-        "destination says 'exists'.",
-        "rmqdelay recurring add daily-report --cron '0 9 * * *' --tz Europe/Berlin "
-        '--destination reports \'{"kind": "daily"}\' --json',
-        "rmqdelay recurring add poll --every 15m --destination poller ping",
+        "UTC) or from --at (or --delay). Adding a schedule that exists with the same rule "
+        "and destination says 'exists'.",
+        'rmqdelay recurring add daily-report reports \'{"kind": "daily"}\' '
+        "--cron '0 9 * * *' --tz Europe/Berlin --json",
+        "rmqdelay recurring add poll poller ping --every 15m",
     ),
 )
 @argument("name", help="The schedule's name: letters, digits, . _ : / -")
+@argument("destination", help=DESTINATION_HELP, required=False, needed=True)
 @argument("body", help="The body of every occurrence; '-' reads standard input.", default="")
-@click.option("-d", "--destination", required=True, metavar="DESTINATION", help="Work queue.")
 @click.option("--cron", metavar="EXPR", help="5 fields: minute hour day month weekday.")
 @click.option("--tz", metavar="ZONE", help="With --cron: an IANA zone.  [default: UTC]")
 @click.option("--every", metavar="DURATION", help="e.g. 30s, 15m, 1h (at least 1s).")
-@click.option("--first-at", metavar="TIME", help="Not before: ISO 8601 with a timezone.")
+@delay_option("No occurrence before this time from now")
+@at_option("No occurrence before this time")
+@alias(
+    "-d",
+    "--destination",
+    "old_destination",
+    target="destination",
+    new="the DESTINATION argument",
+    shifts="body",
+)
+@alias("--first-at", "old_first_at", target="at", new="--at")
 @click.option("-H", "--header", multiple=True, metavar="KEY=VALUE", help="k=v; repeat.")
-@click.option("--json", "as_json", is_flag=True, help="Send the body as JSON; print JSON.")
+@CONTENT_TYPE
+@json_option(lines=False)
 @broker_options
 @friendly_errors
 def add(
     name: str,
-    body: str,
     destination: str,
+    body: str,
     cron: str | None,
     tz: str | None,
     every: str | None,
-    first_at: str | None,
+    delay: str | None,
+    at: str | None,
     header: tuple[str, ...],
+    content_type: str | None,
     as_json: bool,
     url: tuple[str, ...],
     prefix: str | None,
@@ -95,6 +106,8 @@ def add(
         raise usage_error("give exactly one of --cron or --every")
     if tz is not None and cron is None:
         raise usage_error("--tz goes with --cron (--every is absolute time)")
+    if delay is not None and at is not None:
+        raise usage_error("give at most one of --delay or --at")
     from ..core.journal.rules import parse_rule
     from ..errors import RecurringError
 
@@ -102,9 +115,11 @@ def add(
         parse_rule(cron=cron, tz=tz, every=every)
     except RecurringError as exc:
         raise usage_error(str(exc)) from None
-    start = _parse_at(first_at) if first_at is not None else None
+    start = time_value(at)
+    if delay is not None:
+        start = datetime_of_ms(now_ms() + duration_us(delay, "--delay") // 1000)
     headers = _parse_headers(header)
-    payload = read_body(body, as_json)
+    payload, content_type = read_body(body, content_type)
     settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 
@@ -118,6 +133,7 @@ def add(
             every=every,
             first_at=start,
             headers=headers,
+            content_type=content_type,
         )
     _print(result, as_json)
 
@@ -138,7 +154,7 @@ def _switch(op: str, name: str, as_json: bool, url: Any, prefix: Any, config: An
         raise Exit(1)
 
 
-_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+_JSON = json_option(lines=False)
 
 
 @app.command("pause", epilog=epilog("Occurrences go on, unhandled, until resumed."))
@@ -165,7 +181,13 @@ def resume(
     _switch("resume", name, as_json, url, prefix, config)
 
 
-@app.command("remove", epilog=epilog("The chain ends; its pending occurrence is cancelled."))
+@app.command(
+    "remove",
+    epilog=epilog(
+        "The chain ends; its pending occurrence is cancelled. Removing it again answers "
+        "'removed' as the first time did, as a second cancel of an id answers 'cancelled'."
+    ),
+)
 @argument("name", help="The schedule's name.")
 @_JSON
 @broker_options
@@ -178,14 +200,11 @@ def remove(
 
 
 @app.command("list", epilog=epilog("", "rmqdelay recurring list --json"))
-@_JSON
+@json_option(lines=True)
 @broker_options
 @friendly_errors
 def list_(as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path | None) -> None:
     """List the schedules (not removed) with their state and next and last occurrences."""
-    from rich.markup import escape
-    from rich.table import Table
-
     settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 
@@ -194,24 +213,25 @@ def list_(as_json: bool, url: tuple[str, ...], prefix: str | None, config: Path 
     now = now_ms()
     if as_json:
         for schedule in schedules:
-            print(json.dumps(schedule.to_json(now), separators=(",", ":")))
+            print_json(schedule.to_json(now))
         return
 
     def when(ms: int | None) -> str:
         return "-" if ms is None else iso_of_ms(ms)
 
-    table = Table("name", "rule", "destination", "state", "next (UTC)", "last (UTC)")
-    for s in schedules:
-        table.add_row(
-            escape(s.name),
-            escape(s.rule.describe()),
-            escape(s.destination),
-            s.state,
-            when(s.next_occurrence(now)),
-            when(s.last_occurrence(now)),
-        )
-    out(emoji=False).print(table)
     active = sum(s.state == "active" for s in schedules)
-    out(emoji=False).print(
-        f"{len(schedules)} schedule(s): {active} active, {len(schedules) - active} paused"
+    print_table(
+        ("name", "rule", "destination", "state", "next (UTC)", "last (UTC)"),
+        (
+            (
+                s.name,
+                s.rule.describe(),
+                s.destination,
+                s.state,
+                when(s.next_occurrence(now)),
+                when(s.last_occurrence(now)),
+            )
+            for s in schedules
+        ),
+        caption=f"{len(schedules)} schedule(s): {active} active, {len(schedules) - active} paused",
     )

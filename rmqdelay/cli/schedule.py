@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import gc
-import json
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,27 +15,28 @@ from typing import TYPE_CHECKING
 import click
 from click.exceptions import Exit
 
-from ..core.clock import datetime_of_ms, iso_of_ms, now_ms
 from ..errors import DelayError
 from .options import (
     Command,
     Group,
+    alias,
     argument,
+    at_option,
     broker_options,
+    delay_option,
+    duration_us,
     epilog,
-    err,
     friendly_errors,
+    json_option,
     light_settings_from,
-    out,
     settings_from,
+    time_value,
     usage_error,
 )
+from .output import err, out, print_json
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
-
-    from ..core.journal.reschedule import RescheduleResult
-    from ..core.journal.view import CancelResult
 
 __all__ = ["cancel_command", "reschedule_command", "scheduled_app"]
 
@@ -64,29 +63,6 @@ def _collector_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def _due_before(text: str | None, option: str = "--due-before") -> datetime | None:
-    """``--due-before``: an ISO 8601 time, or a duration from now such as ``10m``; a usage
-    error naming *option* otherwise (the dashboard's time fields read the same)."""
-    if text is None:
-        return None
-    from ..core.durations import parse_duration_us
-
-    try:
-        return datetime_of_ms(now_ms() + parse_duration_us(text) // 1000)
-    except DelayError:
-        pass
-    try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise usage_error(
-            f"{option} {text!r} is neither a duration (10m) nor ISO 8601 "
-            "(2026-11-21T15:00:00+00:00)"
-        ) from None
-    if at.tzinfo is None:
-        raise usage_error(f"{option} {text!r} has no timezone: add one, e.g. +00:00 or Z")
-    return at
 
 
 @scheduled_app.command(
@@ -120,7 +96,7 @@ def _due_before(text: str | None, option: str = "--due-before") -> datetime | No
     help="At most this many, soonest first (only as much of the schedule is read).",
 )
 @click.option("--key", metavar="KEY", help="Only the messages with this key.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option(lines=True)
 @broker_options
 @friendly_errors
 @_collector_paused()
@@ -137,11 +113,17 @@ def scheduled_list(
     """List the messages still ahead and not cancelled, soonest first, every copy."""
     from ..amqp.journal import read_once
     from ..core.clock import ms_of_datetime
+    from ..core.durations import parse_time_or_duration
     from ..core.journal.flows import scheduled_rows
     from ..core.journal.reading import require_journal
     from .schedule_rows import json_lines, numbered, print_table, write_lines
 
-    before = _due_before(due_before)
+    before = None
+    if due_before is not None:
+        try:
+            before = parse_time_or_duration(due_before, "--due-before")
+        except DelayError as exc:
+            raise usage_error(str(exc)) from None
     settings = light_settings_from(url, prefix, config)
     require_journal(settings.layout, "`scheduled list`")
     progress = _ReadProgress(shown=not as_json)
@@ -186,7 +168,7 @@ def scheduled_list(
         "rmqdelay scheduled checkpoint --json",
     ),
 )
-@click.option("--json", "as_json", is_flag=True, help="What was written, as one JSON object.")
+@json_option(lines=False)
 @broker_options
 @friendly_errors
 def scheduled_checkpoint(
@@ -215,7 +197,7 @@ def scheduled_checkpoint(
     pointer = written.pointer
     if as_json:
         said = {"seconds": round(took, 3), "tail_records": written.tail_records}
-        print(json.dumps({**pointer.to_json(), **said, "gap": written.gap}))
+        print_json({**pointer.to_json(), **said, "gap": written.gap})
     else:
         out(emoji=False).print(
             f"checkpoint {pointer.id} written in {took:.1f} s: "
@@ -280,13 +262,13 @@ class _ReadProgress:
     ),
 )
 @argument("message_ids", nargs=-1, required=False, help="Message ids to cancel.")
-@click.option("--key", "keys", multiple=True, metavar="KEY", help="A key to cancel; repeat.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per id.")
+@click.option("--key", multiple=True, metavar="KEY", help="A key to cancel; repeat.")
+@json_option(lines=True)
 @broker_options
 @friendly_errors
 def cancel_command(
     message_ids: tuple[str, ...],
-    keys: tuple[str, ...],
+    key: tuple[str, ...],
     as_json: bool,
     url: tuple[str, ...],
     prefix: str | None,
@@ -298,49 +280,19 @@ def cancel_command(
     from ..amqp.publisher import Publisher
     from ..core.journal.reading import require_journal
 
-    if not message_ids and not keys:
+    if not message_ids and not key:
         raise usage_error("give message ids to cancel, or --key KEY")
     settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`cancel`")
     with Publisher(settings) as publisher:
-        results = publisher.cancel(*message_ids, keys=keys)
+        results = publisher.cancel(*message_ids, keys=key)
     for result in results:
         if as_json:
-            print(json.dumps(result.to_json(), separators=(",", ":")))
-        elif result.key is not None:
-            what = f"key {escape(result.key)}"
-            if result.message_id:
-                what += f" ({escape(result.message_id)})"
-            said = _said(result)
-            if not result.message_id:
-                said = "unknown (no message with this key in the schedule journal)"
-            out(emoji=False).print(f"{what}: {said}")
+            print_json(result.to_json())
         else:
-            out(emoji=False).print(f"{escape(result.message_id)}: {_said(result)}")
+            out(emoji=False).print(escape(result.describe()), highlight=False)
     if any(r.outcome != "cancelled" for r in results):
         raise Exit(1)
-
-
-def _said(result: CancelResult) -> str:
-    """A cancel's answer in words: how many copies it stopped when there were several."""
-    ahead = result.cancelled_due_ms or ((result.due_at_ms,) if result.due_at_ms is not None else ())
-    if result.outcome == "cancelled" and ahead:
-        due = ", ".join(iso_of_ms(ms) for ms in ahead)
-        if len(ahead) == 1:
-            said = f"cancelled (was due {due}"
-        else:
-            said = f"cancelled {len(ahead)} copies (were due {due}"
-        past = result.copies - len(ahead)
-        return said + (f"; {past} more already due)" if past > 0 else ")")
-    if result.outcome == "too late" and result.due_at_ms is not None:
-        due = iso_of_ms(result.due_at_ms)
-        if result.copies > 1:
-            return (
-                f"too late (all {result.copies} copies due, the last {due}; "
-                "they may have been delivered)"
-            )
-        return f"too late (due {due}; it may have been delivered)"
-    return "unknown (no record in the schedule journal)"
 
 
 @click.command(
@@ -349,19 +301,19 @@ def _said(result: CancelResult) -> str:
     epilog=epilog(
         "ID_OR_KEY is a message id or a key (its current message). A later time is one "
         "record in the schedule journal: the worker forwards the waiting copy when it "
-        "comes out. An earlier time publishes a fresh copy from the body in the journal, "
-        "so the message must have been published with journal_bodies = true. Either way a "
-        "worker handles it once, at the new time. Exits 0 only when it was rescheduled; "
-        "otherwise says why: handled, cancelled, due (already due), ignored or replaced "
-        "(under its key), unknown.",
-        "rmqdelay reschedule order-42 --in 2h",
+        "comes out. An earlier time publishes a fresh copy from the body in the journal "
+        "(journal_bodies, on by default). Either way a worker handles it once, at the new "
+        "time. Exits 0 only when it was rescheduled; otherwise says why: handled, "
+        "cancelled, due (already due), ignored or replaced (under its key), unknown.",
+        "rmqdelay reschedule order-42 --delay 2h",
         "rmqdelay reschedule 3f2b... --at 2026-12-01T09:00:00Z --json",
     ),
 )
 @argument("id_or_key", help="A message id, or a key.")
-@click.option("--in", "delay", metavar="DURATION", help="The new due time from now: 15m, 2h.")
-@click.option("--at", metavar="TIME", help="The new due time, ISO 8601 with a timezone.")
-@click.option("--json", "as_json", is_flag=True, help="The result as one JSON object.")
+@delay_option("The new due time from now")
+@at_option("The new due time")
+@alias("--in", "delay_in", target="delay", new="--delay")
+@json_option(lines=False)
 @broker_options
 @friendly_errors
 def reschedule_command(
@@ -378,40 +330,19 @@ def reschedule_command(
 
     from ..amqp.publisher import Publisher
     from ..core.journal.reading import require_journal
-    from .options import duration_us
-    from .publish import _parse_at
 
     if (delay is None) == (at is None):
-        raise usage_error("give exactly one of --in or --at")
+        raise usage_error("give exactly one of --delay or --at")
     if delay is not None:
-        duration_us(delay, "--in")
-    due_at = _parse_at(at) if at is not None else None
+        duration_us(delay, "--delay")
+    due_at = time_value(at)
     settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`reschedule`")
     with Publisher(settings) as publisher:
         result = publisher.reschedule(id_or_key, delay=delay, at=due_at)
     if as_json:
-        print(json.dumps(result.to_json(), separators=(",", ":")))
+        print_json(result.to_json())
     else:
-        out(emoji=False).print(f"{escape(id_or_key)}: {escape(_moved(result))}")
+        out(emoji=False).print(escape(result.describe()), highlight=False)
     if result.outcome != "rescheduled":
         raise Exit(1)
-
-
-def _moved(result: RescheduleResult) -> str:
-    """A reschedule's answer in words."""
-    who = ""
-    if result.message_id is not None and result.message_id != result.target:
-        who = f" ({result.message_id})"
-    before = iso_of_ms(result.previous_due_ms) if result.previous_due_ms is not None else "?"
-    if result.outcome == "rescheduled" and result.due_at_ms is not None:
-        how = "a fresh copy was published" if result.fresh_copy else "the waiting copy is forwarded"
-        return f"rescheduled{who} from {before} to {iso_of_ms(result.due_at_ms)} ({how})"
-    return {
-        "handled": f"not rescheduled{who}: already handled",
-        "cancelled": f"not rescheduled{who}: it was cancelled",
-        "due": f"not rescheduled{who}: already due ({before}): handled or on its way",
-        "ignored": f"not rescheduled{who}: that publish was ignored (its key was pending)",
-        "replaced": f"not rescheduled{who}: it was replaced under its key",
-        "unknown": "unknown (no message with this id or key in the schedule journal)",
-    }.get(result.outcome, result.outcome)

@@ -3,7 +3,8 @@
 100,000 rows through rich's table took 0.42 ms of CPU a row (49.6 s) and held every
 rendered cell until the end; ``json.dumps`` of a dict per row was most of the ``--json``
 time. Here each row is one string built from the record and written in chunks as it
-goes. rich still draws a small table on a terminal (:data:`RICH_ROWS`).
+goes. rich still draws a small table on a terminal (:data:`RICH_ROWS`), as every
+command's table (:mod:`.output`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..core.clock import iso_of_ms
 from ..core.journal.records import json_text as _quote
+from . import output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,6 +38,8 @@ RICH_ROWS = 200
 """At most this many rows go through rich's table, and only on a terminal."""
 CHUNK = 1000
 """Lines per write: few system calls, and memory that does not grow with the rows."""
+RIGHT = ("attempt", "bytes", "gen", "copy")
+"""The columns of numbers, aligned to the right."""
 RECURRING = "rmqdelay-recurring"
 """The header naming the recurring schedule a message is an occurrence of."""
 
@@ -174,10 +178,7 @@ def plain_table(rows: list[Row]) -> Iterator[str]:
             widths[i] = max(widths[i], len(iso_ms(0)))  # every due time is this long
             continue
         widths[i] = max([widths[i], *(len(c) for c in _column(rows, cells, i))])
-    right = {"attempt", "bytes", "gen", "copy"}
-    line = "  ".join(
-        f"{{:{'>' if t in right else '<'}{w}}}" for t, w in zip(titles, widths, strict=True)
-    ).format
+    line = output.aligned(titles, widths, RIGHT)
     yield line(*titles).rstrip()
     yield line(*("-" * w for w in widths)).rstrip()
     for row in rows:
@@ -215,22 +216,12 @@ def print_table(shown: list[Row], console: Console) -> None:
     """The rows as a table (rich's on a terminal, when few), then how many."""
     several = len({r.record.message_id for r in shown if r.copies > 1})
     if console.is_terminal and len(shown) <= RICH_ROWS:
-        _rich_table(console, shown)
+        titles, cells = table_columns(shown)
+        rows = [cells(row) for row in shown]
+        output.print_table(titles, rows, right=RIGHT, console=console)
     else:
         write_lines(plain_table(shown), sys.stdout.write)
     summary = f"{len(shown)} scheduled"
     if several:
         summary += f" ({several} message id(s) with more than one copy ahead)"
     console.print(summary)
-
-
-def _rich_table(console: Console, shown: list[Row]) -> None:
-    """A few rows on a terminal: rich's table (0.4 ms a row, so only a few)."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    titles, cells = table_columns(shown)
-    table = Table(*titles)
-    for row in shown:
-        table.add_row(*(escape(cell) for cell in cells(row)))
-    console.print(table)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,12 +16,12 @@ from .options import (
     broker_options,
     duration_us,
     epilog,
-    err,
     friendly_errors,
-    out,
+    json_option,
     settings_from,
     usage_error,
 )
+from .output import Cell, err, out, print_json, print_table, rich_table, text
 
 if TYPE_CHECKING:
     from rich.console import Group
@@ -67,27 +66,28 @@ def _held(seconds: float | None) -> str:
     return f">= {int(seconds)} s"
 
 
-def _render(status: Status) -> Group:
-    from rich.console import Group
-    from rich.table import Table
+_Table = tuple[str, tuple[str, ...], list[tuple["Cell", ...]]]
 
+
+def _tables(status: Status) -> tuple[list[_Table], list[Cell]]:
+    """The status as tables (title, columns, rows) and lines."""
     from ..core.durations import format_ms
 
     past = status.past_due
     title = f"scheduled: {status.scheduled:,}, past their time: "
     title += "unknown (needs the management API)" if past is None else f"{past:,}"
-    tiers = Table("tier", "TTL", "messages", "past time", "held", title=title)
+    tiers: list[tuple[Cell, ...]] = []
     for tier in status.tiers:
         if tier.messages or tier.past_due:
             past_due = "unknown" if tier.past_due is None else f"{tier.past_due:,}"
-            if tier.past_due:
-                past_due = f"[bold red]{past_due}[/]"
             held = _held(tier.past_due_for_s) if tier.past_due else ""
-            tiers.add_row(tier.queue, format_ms(tier.ttl_ms), _n(tier.messages), past_due, held)
-    work = Table("destination", "ready", "unacked", "consumers", title="work queues")
-    for row in status.destinations:
-        work.add_row(row.destination, _n(row.ready), _n(row.unacked), _n(row.consumers))
-    lines = [f"parked: {_n(status.parked)}"]
+            shown: Cell = (past_due, "bold red") if tier.past_due else past_due
+            tiers.append((tier.queue, format_ms(tier.ttl_ms), _n(tier.messages), shown, held))
+    work: list[tuple[Cell, ...]] = [
+        (row.destination, _n(row.ready), _n(row.unacked), _n(row.consumers))
+        for row in status.destinations
+    ]
+    lines: list[Cell] = [f"parked: {_n(status.parked)}"]
     peek = status.parked_by_destination
     if peek is not None:
         parts = [f"{d} {n:,}" for d, n in peek.destinations.items()]
@@ -115,11 +115,36 @@ def _render(status: Status) -> Group:
         )
     lines.append(f"source: {status.source}")
     if status.missing:
-        lines.append(
-            f"[yellow]{len(status.missing)} queue(s) missing, e.g. {status.missing[0]}: "
-            "run `rmqdelay topology apply`[/]"
-        )
-    return Group(tiers, work, "\n".join(lines))
+        missing = f"{len(status.missing)} queue(s) missing, e.g. {status.missing[0]}: "
+        lines.append((missing + "run `rmqdelay topology apply`", "yellow"))
+    return [
+        (title, ("tier", "TTL", "messages", "past time", "held"), tiers),
+        ("work queues", ("destination", "ready", "unacked", "consumers"), work),
+    ], lines
+
+
+_RIGHT = ("messages", "past time", "ready", "unacked", "consumers")
+
+
+def _render(status: Status) -> Group:
+    """The status as rich draws it on a terminal (``--watch``)."""
+    from rich.console import Group
+    from rich.text import Text
+
+    tables, lines = _tables(status)
+    drawn = [
+        rich_table(columns, rows, title=title, right=_RIGHT) for title, columns, rows in tables
+    ]
+    return Group(*drawn, Text("\n").join(map(text, lines)))
+
+
+def _print(status: Status) -> None:
+    """The status as tables and lines: rich's on a terminal, plain into a pipe."""
+    tables, lines = _tables(status)
+    for title, columns, rows in tables:
+        print_table(columns, rows, title=title, right=_RIGHT, console=out())
+    for line in lines:
+        out().print(text(line), highlight=False)
 
 
 @click.command(
@@ -145,7 +170,7 @@ def _render(status: Status) -> Group:
     metavar="DESTINATION",
     help="Also show this destination; repeat.",
 )
-@click.option("--json", "as_json", is_flag=True, help="The same data as JSON.")
+@json_option(lines=False)
 @click.option("--prometheus", is_flag=True, help="Prometheus text format (gauges).")
 @click.option("--watch", is_flag=True, help="Refresh every second; Ctrl-C.")
 @click.option("--amqp-only", is_flag=True, help="Passive declares, not the management API.")
@@ -258,7 +283,7 @@ def status(
         if check:
             data["stuck_after_s"] = stuck_after_s
             data["stuck"] = [dataclasses.asdict(s) for s in stuck]
-        print(json.dumps(data))
+        print_json(data)
     elif prometheus:
         print(prometheus_text(current), end="")
     elif watch:
@@ -274,7 +299,7 @@ def status(
             except KeyboardInterrupt:
                 pass
     else:
-        out().print(_render(current))
+        _print(current)
     if check:
         _verdict(current, stuck, stuck_after_s)
 

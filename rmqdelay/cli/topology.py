@@ -12,13 +12,12 @@ from .options import (
     Group,
     broker_options,
     epilog,
-    err,
     friendly_errors,
     management_url_option,
-    out,
     settings_from,
     usage_error,
 )
+from .output import Cell, err, out, print_table
 
 if TYPE_CHECKING:
     from ..amqp.topology_manager import TopologyManager
@@ -65,25 +64,26 @@ def topology_plan(
     management_url: str | None,
 ) -> None:
     """Show what exists, what `apply` would create, and what differs."""
-    from rich.table import Table
-
     from ..amqp.topology_manager import TopologyManager
 
     settings = settings_from(url, prefix, config, management_url=management_url)
     with TopologyManager(settings) as manager:
         states = manager.plan(destination)
         unusable = _management_note(manager, settings, "bindings were not checked")
-    table = Table(title=f"topology {settings.prefix} on {settings.masked_url}")
-    for column in ("kind", "name", "status", "detail"):
-        table.add_column(column)
     counts: dict[str, int] = {}
+    rows: list[tuple[Cell, ...]] = []
     for state in states:
         counts[state.status] = counts.get(state.status, 0) + 1
         if show_ok or state.status != "ok":
-            style = _STATUS_STYLE[state.status]
-            table.add_row(state.kind, state.name, f"[{style}]{state.status}[/]", state.detail)
-    if table.row_count:
-        out().print(table)
+            status = (state.status, _STATUS_STYLE[state.status])
+            rows.append((state.kind, state.name, status, state.detail))
+    if rows:
+        print_table(
+            ("kind", "name", "status", "detail"),
+            rows,
+            title=f"topology {settings.prefix} on {settings.masked_url}",
+            console=out(),
+        )
     out().print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if counts.get("missing") or counts.get("differs") or unusable:
         raise Exit(1)
@@ -121,8 +121,7 @@ def apply(
     if manager.delivery_limit_kept:
         out().print(f"note: the parking queue was {DELIVERY_LIMIT_NOTE}")
     for name in manager.retention_kept:
-        # one line, never wrapped: it holds a command to copy
-        out().print(f"note: the stream {name} was {manager.retention_note()}", soft_wrap=True)
+        out().print(f"note: the stream {name} was {manager.retention_note()}")
 
 
 @app.command(

@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from fractions import Fraction
 
 from ..errors import DelayError
-from .clock import us_of_timedelta
+from .clock import datetime_of_ms, now_ms, us_of_timedelta
 
-__all__ = ["DurationLike", "format_ms", "parse_duration_us"]
+__all__ = [
+    "DurationLike",
+    "format_ms",
+    "parse_duration_us",
+    "parse_time",
+    "parse_time_or_duration",
+]
 
 DurationLike = timedelta | int | float | str
 """A timedelta, a number of seconds, or a string such as ``"1.5s"`` or ``"2h30m"``."""
@@ -110,3 +116,39 @@ def format_ms(ms: int) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts)
+
+
+def parse_time(text: str, what: str = "--at") -> datetime:
+    """A time as a user types it: ISO 8601 with a timezone (``Z`` too); DelayError
+    naming *what* otherwise."""
+    at = _iso(text, what)
+    if at is None:
+        raise DelayError(f"{what} {text!r} is not ISO 8601, e.g. 2026-11-21T15:00:00+00:00")
+    return at
+
+
+def parse_time_or_duration(text: str, what: str = "--due-before") -> datetime:
+    """A time (ISO 8601) or a duration from now (``10m``): ``scheduled list
+    --due-before`` and the dashboard's time fields read the same; DelayError naming
+    *what* otherwise."""
+    try:
+        return datetime_of_ms(now_ms() + parse_duration_us(text) // 1000)
+    except DelayError:
+        pass
+    at = _iso(text, what)
+    if at is None:
+        raise DelayError(
+            f"{what} {text!r} is neither a duration (10m) nor ISO 8601 (2026-11-21T15:00:00+00:00)"
+        )
+    return at
+
+
+def _iso(text: str, what: str) -> datetime | None:
+    """ISO 8601, None if it is not; a naive time (read in whose zone?) is refused."""
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        raise DelayError(f"{what} {text!r} has no timezone: add one, e.g. +00:00 or Z")
+    return at

@@ -60,9 +60,9 @@ def reschedule_needs_body(result: RescheduleResult) -> ConfigurationError:
     """An earlier due time needs a fresh copy, and the journal has no body to make it."""
     return ConfigurationError(
         f"rescheduling {result.target!r} to an earlier time needs a fresh copy of the "
-        "message, made from the body its journal record holds, and it holds none: publish "
-        "with journal_bodies = true (RMQDELAY_JOURNAL_BODIES=true) to reschedule earlier; "
-        "a later time needs no body"
+        "message, made from the body its journal record holds, and it holds none: it was "
+        "published with journal_bodies = false (RMQDELAY_JOURNAL_BODIES=false; the default "
+        "is true). A later time needs no body"
     )
 
 

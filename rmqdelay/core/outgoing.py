@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Literal, NamedTuple, overload
 
 from ..errors import BatchPublishError, PublishError
-from .clock import datetime_of_ms, ms_of_us
+from .clock import datetime_of_ms, iso_of_ms, ms_of_us
 from .durations import DurationLike
 from .frozen import make
 from .journal.records import JournalRecord
@@ -315,6 +315,27 @@ class PublishResult:
                 "ignored_id": None,
             },
         )
+
+    _FIELDS = (
+        *("message_id", "destination", "due_at_ms", "routing_key", "hops", "key"),
+        *("generation", "outcome", "replaced_id", "ignored_id"),
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def describe(self) -> str:
+        """The answer in words, as ``rmqdelay publish`` says it: the id, its due time,
+        and with a key, what the key made of it."""
+        said = f"{self.message_id} due {iso_of_ms(self.due_at_ms)}"
+        if self.key is None:
+            return said
+        said += f" key {self.key} generation {self.generation}"
+        if self.outcome == "ignored":
+            return f"{said} ignored: that message was pending; {self.ignored_id} is dropped"
+        if self.outcome == "replaced":
+            return f"{said} replaced {self.replaced_id}"
+        return f"{said} scheduled"
 
 
 Outcome = PublishResult | BaseException

@@ -622,7 +622,8 @@ class PublisherCore:
                         on_conflict=p.on_conflict,
                     )
                 )
-            if plain and not self.journal_bodies:
+            if plain:
+                bodies = self.journal_bodies
                 lines.append(
                     encode_scheduled(
                         p.message_id,
@@ -633,6 +634,8 @@ class PublisherCore:
                         recorded,
                         key,
                         p.on_conflict,
+                        p.body if bodies else None,
+                        _recorded(p.properties) if bodies else None,
                     )
                 )
                 continue

@@ -2,7 +2,7 @@
 API (nothing here decides what a cancel or a replay does), and each answer in words.
 
 Every action returns an :class:`Outcome`: whether it did what was asked, a sentence
-for the page (the CLI's wording where the CLI has one), and the API's JSON.
+for the page (the result's own words, which the CLI prints too), and the API's JSON.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from ..core.clock import iso_of_ms, now_ms
+from ..core.journal.recurring import RecurringResult
 from ..settings import Settings
 
 __all__ = ["Job", "Jobs", "Outcome", "cancel", "reschedule", "switch_recurring"]
@@ -34,29 +35,23 @@ class Outcome:
 def cancel(settings: Settings, message_id: str) -> Outcome:
     """Cancel every copy of ``message_id`` (``rmqdelay cancel``)."""
     from ..amqp.publisher import Publisher
-    from ..cli.schedule import _said
 
     with Publisher(settings) as publisher:
         (result,) = publisher.cancel(message_id)
-    return Outcome(
-        result.outcome == "cancelled", f"{message_id}: {_said(result)}", result.to_json()
-    )
+    return Outcome(result.outcome == "cancelled", result.describe(), result.to_json())
 
 
 def reschedule(settings: Settings, message_id: str, at: datetime | None) -> Outcome:
     """Move ``message_id`` to ``at``, or run it now when None (``rmqdelay reschedule``;
     the page works out "+1h" from the schedule it shows)."""
     from ..amqp.publisher import Publisher
-    from ..cli.schedule import _moved
 
     with Publisher(settings) as publisher:
         if at is None:
             result = publisher.reschedule(message_id, delay=0)
         else:
             result = publisher.reschedule(message_id, at=at)
-    return Outcome(
-        result.outcome == "rescheduled", f"{message_id}: {_moved(result)}", result.to_json()
-    )
+    return Outcome(result.outcome == "rescheduled", result.describe(), result.to_json())
 
 
 def switch_recurring(settings: Settings, name: str, op: Literal["pause", "resume"]) -> Outcome:
@@ -68,25 +63,19 @@ def switch_recurring(settings: Settings, name: str, op: Literal["pause", "resume
             result = publisher.pause_recurring(name)
         else:
             result = publisher.resume_recurring(name)
-    said = {
-        "paused": "paused: its occurrences go on, no handler runs until it is resumed",
-        "resumed": "resumed from its next occurrence",
-        "unknown": "unknown: no such schedule in the journal",
-    }.get(result.outcome, result.outcome)
-    return Outcome(result.outcome in ("paused", "resumed"), f"{name}: {said}", result.to_json())
+    return Outcome(result.outcome in ("paused", "resumed"), result.describe(), result.to_json())
 
 
 def run_recurring_now(settings: Settings, name: str) -> Outcome:
     """Run a recurring schedule's pending occurrence now: a reschedule of it to now,
     which needs ``journal_bodies`` (the occurrence's body is published again)."""
     from ..amqp.publisher import Publisher
-    from ..cli.schedule import _moved
 
     with Publisher(settings) as publisher:
         schedules = {s.name: s for s in publisher.list_recurring()}
         schedule = schedules.get(name)
         if schedule is None:
-            return Outcome(False, f"{name}: unknown: no such schedule in the journal")
+            return Outcome(False, RecurringResult(name, "unknown").describe())
         pending = schedule.next_occurrence(now_ms())
         message_id = schedule.message_ids.get(pending) if pending is not None else None
         if message_id is None:
@@ -94,7 +83,7 @@ def run_recurring_now(settings: Settings, name: str) -> Outcome:
         result = publisher.reschedule(message_id, delay=0)
     return Outcome(
         result.outcome == "rescheduled",
-        f"{name}: occurrence {iso_of_ms(pending or 0)}: {_moved(result)}",
+        f"{name}: occurrence {iso_of_ms(pending or 0)}: {result.describe()}",
         result.to_json(),
     )
 

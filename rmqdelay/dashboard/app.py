@@ -591,14 +591,9 @@ def _local(target: str | None) -> str:
 def _time_ms(text: str | None, what: str) -> int | None:
     """An ISO 8601 time with a timezone, or a duration from now (10m), in Unix ms: read
     as ``scheduled list --due-before`` reads it; ValueError naming the field."""
-    from ..cli.options import UsageError
-    from ..cli.schedule import _due_before
+    from ..core.durations import parse_time_or_duration
 
-    try:
-        at = _due_before(text, what)
-    except UsageError as exc:
-        raise ValueError(str(exc)) from None
-    return None if at is None else ms_of_datetime(at)
+    return None if text is None else ms_of_datetime(parse_time_or_duration(text, what))
 
 
 def _record_json(record: Any, *, bodies: bool = False) -> dict[str, Any]:

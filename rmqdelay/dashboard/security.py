@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import READ_ONLY
 from .binding import Access
 
 __all__ = [
@@ -193,7 +194,7 @@ async def check_post(request: Request, *, action: bool, read_only: bool) -> Form
     if action and read_only:
         raise Refused(
             403,
-            "refused: the dashboard is read-only (dashboard_read_only = true, or "
-            "--read-only); start it without to act on messages",
+            f"refused: the dashboard is read-only (--read-only, dashboard_read_only = true): "
+            f"it {READ_ONLY}; start it without to act on messages",
         )
     return form

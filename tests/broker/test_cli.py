@@ -28,10 +28,14 @@ def test_apply_publish_consume_json_destroy(env: dict[str, str], prefix: str) ->
 
     published = run_cli(env, "publish", "jobs", '{"n": 1}', "--json", "--delay", "3s", "-H", "k=v")
     assert published.returncode == 0, published.stderr
-    message_id = published.stdout.split()[0]
-    assert "due" in published.stdout
+    result = json.loads(published.stdout)  # --json: the result, one object
+    message_id = result["message_id"]
+    assert (result["destination"], result["outcome"]) == ("jobs", "scheduled")
+    assert isinstance(result["due_at_ms"], int)
+    assert "the body is JSON: sent as application/json" in published.stderr
     stdin = run_cli(env, "publish", "jobs", "-", "--delay", "0.1s", input="from stdin")
     assert stdin.returncode == 0, stdin.stderr
+    assert stdin.stdout.split()[1] == "due" and stdin.stderr == ""
 
     consumed = run_cli(env, "consume", "jobs", "--count", "2", "--timeout", "20", "--json")
     assert consumed.returncode == 0, consumed.stderr
@@ -75,7 +79,7 @@ def test_user_errors_are_one_clear_line(env: dict[str, str], tmp_path: Path) -> 
         ("publish", "jobs", "x", "--delay", "2h"): "over the maximum of 1h",
         ("publish", "nope", "x", "--delay", "1s"): "topology apply --destination nope",
         ("publish", "bad name", "x", "--delay", "1s"): "must be words",
-        ("publish", "jobs", "{", "--json", "--delay", "1s"): "not JSON",
+        ("publish", "jobs", "{", "--content-type", "json", "--delay", "1s"): "not JSON",
         ("topology", "plan", "--config", str(tmp_path / "none.toml")): "does not exist",
     }
     for args, expected in [*usage.items(), *cases.items()]:
@@ -101,3 +105,75 @@ def test_flags_over_env_over_config_file(env: dict[str, str], tmp_path: Path) ->
     )
     assert flagged.returncode == 1  # the flag URL works: everything under from-file is missing
     assert "topology from-file" in flagged.stdout.replace("\n", " ")
+
+
+def test_output_into_a_pipe_is_plain_and_never_wrapped(env: dict[str, str]) -> None:
+    """Into a pipe (run_cli captures stdout) at the default width, no COLUMNS: every line
+    whole, no box drawing; the tables are plain columns, the times not cut."""
+    narrow = {k: v for k, v in env.items() if k != "COLUMNS"}
+    applied = run_cli(narrow, "topology", "apply", "-d", "jobs", "-d", "pipe-output-" + "x" * 40)
+    assert applied.returncode == 0, applied.stderr
+    (line,) = [x for x in applied.stdout.splitlines() if x.startswith("applied")]
+    assert len(line) > 80 and line.endswith("work queues: " + ", ".join(
+        f"{env['RMQDELAY_PREFIX']}.work.{d}" for d in ("jobs", "pipe-output-" + "x" * 40)
+    ))  # fmt: skip
+    plan = run_cli(narrow, "topology", "plan", "-d", "jobs", "--show-ok")
+    assert plan.returncode == 0, plan.stderr
+    assert not set("┏┃│─━") & set(plan.stdout), plan.stdout
+    assert plan.stdout.splitlines()[1].split() == ["kind", "name", "status", "detail"]
+    odd = "an-id-long-enough-that-a-line-of-80-columns-would-have-to-wrap-it-" + "y" * 30
+    published = run_cli(narrow, "publish", "jobs", "x", "--delay", "10m", "--message-id", odd)
+    assert published.returncode == 0, published.stderr
+    cancelled = run_cli(narrow, "cancel", odd)
+    assert cancelled.returncode == 0, cancelled.stderr
+    (said,) = cancelled.stdout.splitlines()
+    assert said.startswith(f"{odd}: cancelled (was due ") and said.endswith("+00:00)")
+    again = run_cli(narrow, "cancel", odd)  # a second cancel answers as the first did
+    assert again.returncode == 0 and again.stdout == cancelled.stdout
+    listed = run_cli(narrow, "scheduled", "list")
+    assert listed.returncode == 0 and odd not in listed.stdout
+    dest = "pipe-output-" + "x" * 40
+    added = run_cli(narrow, "recurring", "add", "pipe-report", dest, "tick", "--every", "1h")
+    assert added.returncode == 0, added.stderr
+    try:
+        rows = run_cli(narrow, "recurring", "list")
+        assert rows.returncode == 0, rows.stderr
+        (row,) = [r for r in rows.stdout.splitlines() if r.startswith("pipe-report ")]
+        assert row.split()[1:5] == ["every", "1h", dest, "active"]
+        assert len(row.split()[5]) == len("2026-01-01T00:00:00.000+00:00")  # not cut
+        assert not set("┏┃│─━…") & set(rows.stdout), rows.stdout
+    finally:
+        removed = run_cli(narrow, "recurring", "remove", "pipe-report")
+        assert removed.returncode == 0, removed.stderr
+    assert (
+        run_cli(
+            narrow, "topology", "destroy", "--yes", "--force", "-d", "jobs", "-d", dest
+        ).returncode
+        == 0
+    )
+
+
+def test_reschedule_earlier_works_with_the_default_settings(env: dict[str, str]) -> None:
+    """A fresh prefix, no setting but the URL, the prefix and a maximum delay: the body
+    is in the journal (journal_bodies defaults to true), so an earlier time is a fresh
+    copy, handled once at its new time."""
+    assert "RMQDELAY_JOURNAL_BODIES" not in env
+    assert run_cli(env, "topology", "apply", "-d", "jobs").returncode == 0
+    try:
+        sent = run_cli(env, "publish", "jobs", "early bird", "--delay", "50m", "--json")
+        assert sent.returncode == 0, sent.stderr
+        message_id = json.loads(sent.stdout)["message_id"]
+        moved = run_cli(env, "reschedule", message_id, "--delay", "1s")
+        assert moved.returncode == 0, (moved.stdout, moved.stderr)
+        assert moved.stdout.startswith(f"{message_id}: rescheduled from ")
+        assert moved.stdout.rstrip().endswith("(a fresh copy was published)")
+        got = run_cli(env, "consume", "jobs", "--count", "1", "--timeout", "30", "--json")
+        assert got.returncode == 0, got.stderr
+        (line,) = got.stdout.splitlines()
+        message = json.loads(line)
+        assert (message["message_id"], message["body"]) == (message_id, "early bird")
+        listed = run_cli(env, "scheduled", "list", "--json")
+        assert listed.returncode == 0 and message_id not in listed.stdout  # moved, not twice
+    finally:
+        destroyed = run_cli(env, "topology", "destroy", "--yes", "--force", "-d", "jobs")
+        assert destroyed.returncode == 0, destroyed.stderr

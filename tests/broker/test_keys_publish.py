@@ -207,8 +207,12 @@ def test_cli_publish_with_a_key(shared_topology: TestTopology) -> None:
     assert f"key {key} generation 1 scheduled" in first.stdout
     assert f"key {key} generation 1 ignored" in second.stdout
     assert second.stdout.split()[0] == first.stdout.split()[0]  # the pending message's id
-    moved = run_cli(env, "reschedule", key, "--in", "20m", "--json")
+    moved = run_cli(env, "reschedule", key, "--delay", "20m", "--json")
     assert moved.returncode == 0 and '"outcome":"rescheduled"' in moved.stdout
+    # the old spelling, for one release: the same answer, and a note naming the new one
+    again = run_cli(env, "reschedule", key, "--in", "30m", "--json")
+    assert again.returncode == 0 and '"outcome":"rescheduled"' in again.stdout
+    assert "--in is deprecated, use --delay" in again.stderr
     listed = run_cli(env, "scheduled", "list", "--key", key, "--json")
     assert f'"key":"{key}","generation":1' in listed.stdout
     off = run_cli(settings_env(shared_topology.settings([dest]), schedule_journal="false"), *args)

@@ -59,7 +59,7 @@ async def test_parked_list_then_replay_delivers_them_back(shared_topology: TestT
 
         code, output = await cli(settings, "parked", "list", "--json")
         assert code == 0, output
-        listed = json.loads(output)
+        listed = [json.loads(line) for line in output.splitlines()]  # one object a line
         assert {item["message_id"] for item in listed} == ids
         for item in listed:
             assert item["destination"] == orders
@@ -71,7 +71,7 @@ async def test_parked_list_then_replay_delivers_them_back(shared_topology: TestT
             assert item["parked_at"] is not None
             assert item["error_type"] == "builtins.RuntimeError"
         code, output = await cli(settings, "parked", "list", "--json", "-d", emails)
-        assert code == 0 and json.loads(output) == []
+        assert code == 0 and output == ""
 
         code, output = await cli(settings, "parked", "list")
         assert code == 0, output

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from rmqdelay.cli import app, completion
+from rmqdelay.cli.output import JSON_LINES, JSON_OBJECT
 
 SHARED = ["--url", "--prefix", "--config"]
 DESTINATIONS = ["-d/--destination"]
@@ -43,6 +44,7 @@ COMMAND_LINE: dict[str, list[str]] = {
         "--at",
         "-H/--header",
         "--message-id",
+        "--content-type",
         "--json",
         "--key",
         "--on-conflict",
@@ -69,7 +71,7 @@ COMMAND_LINE: dict[str, list[str]] = {
     "scheduled list": [*DESTINATIONS, "--due-before", "--limit", "--key", "--json", *SHARED],
     "scheduled checkpoint": ["--json", *SHARED],
     "cancel": ["MESSAGE_IDS", "--key", "--json", *SHARED],
-    "reschedule": ["ID_OR_KEY", "--in", "--at", "--json", *SHARED],
+    "reschedule": ["ID_OR_KEY", "--delay", "--at", "--json", *SHARED],
     "status": [
         *DESTINATIONS,
         "--json",
@@ -88,14 +90,14 @@ COMMAND_LINE: dict[str, list[str]] = {
         "-e/--exchange",
         "--type",
         "--delivery-exchange",
-        "--destination",
+        *DESTINATIONS,
         *SHARED,
         "--management-url",
     ],
     "bridge run": [
         "-e/--exchange",
         "--delivery-exchange",
-        "--destination",
+        *DESTINATIONS,
         "-c/--concurrency",
         "--inbox-prefetch",
         "--inbox-process/--inbox-thread",
@@ -108,13 +110,15 @@ COMMAND_LINE: dict[str, list[str]] = {
     "recurring": [],
     "recurring add": [
         "NAME",
+        "DESTINATION",
         "BODY",
-        *DESTINATIONS,
         "--cron",
         "--tz",
         "--every",
-        "--first-at",
+        "--delay",
+        "--at",
         "-H/--header",
+        "--content-type",
         "--json",
         *SHARED,
     ],
@@ -180,10 +184,98 @@ def _declared(param: click.Parameter) -> str:
 
 def test_every_command_takes_the_same_arguments_and_options_as_before() -> None:
     found = {
-        path: [_declared(p) for p in command.params if p.name != "help"]
+        path: [_declared(p) for p in command.params if p.name != "help" and not _hidden(p)]
         for path, command in COMMANDS.items()
     }
     assert found == COMMAND_LINE
+    aliases = {
+        path: [_declared(p) for p in command.params if _hidden(p)]
+        for path, command in COMMANDS.items()
+        if any(map(_hidden, command.params))
+    }
+    assert aliases == ALIASES
+
+
+def _hidden(param: click.Parameter) -> bool:
+    return isinstance(param, click.Option) and param.hidden
+
+
+# the old spellings kept, hidden, for one release (0.x: drop them in the next)
+ALIASES = {
+    "reschedule": ["--in"],
+    "recurring add": ["-d/--destination", "--first-at"],
+}
+
+# An option several commands take means one thing, spelled one way, read as one type:
+# spelling -> (its parameter's name, metavar, flag, the help texts it may have). A
+# command that spells the same parameter another way, or gives a spelling another
+# meaning, fails here.
+SHARED_OPTIONS: dict[str, tuple[str, str | None, bool, set[str] | str]] = {
+    "--json": ("as_json", None, True, {JSON_OBJECT, JSON_LINES}),
+    "--delay": ("delay", "DURATION", False, ", e.g. 1.5s, 15m, 2h30m."),
+    "--at": ("at", "TIME", False, ", ISO 8601 with a timezone."),
+    "-d/--destination": ("destination", "DESTINATION", False, ""),
+    "-H/--header": ("header", "KEY=VALUE", False, {"k=v; repeat."}),
+    "--key": ("key", "KEY", False, ""),
+    "--limit": ("limit", "N", False, ""),
+    "--yes": ("yes", None, True, ""),
+    "--content-type": ("content_type", "TYPE", False, ""),
+    "--url": ("url", "URL", False, ""),
+    "--prefix": ("prefix", "PREFIX", False, ""),
+    "--config": ("config", None, False, ""),
+    "--management-url": ("management_url", "URL", False, ""),
+    "-c/--concurrency": ("concurrency", "N", False, ""),
+    "--log-level": ("log_level", "LEVEL", False, ""),
+    "--log-format": ("log_format", "FORMAT", False, {"text (key=value) or json."}),
+    "--shutdown-timeout": ("shutdown_timeout", "SECONDS", False, ""),
+    "--metrics-port": ("metrics_port", "PORT", False, {"Serve Prometheus metrics on this port."}),
+}
+# what --json prints on each command that has it: one object, or one object per line
+# for a command that answers with several things (messages, ids, schedules)
+JSON_SHAPES = {
+    "publish": JSON_OBJECT,
+    "consume": JSON_LINES,
+    "parked list": JSON_LINES,
+    "scheduled list": JSON_LINES,
+    "scheduled checkpoint": JSON_OBJECT,
+    "cancel": JSON_LINES,
+    "reschedule": JSON_OBJECT,
+    "status": JSON_OBJECT,
+    "recurring add": JSON_OBJECT,
+    "recurring pause": JSON_OBJECT,
+    "recurring resume": JSON_OBJECT,
+    "recurring remove": JSON_OBJECT,
+    "recurring list": JSON_LINES,
+}
+
+
+def test_shared_options_mean_one_thing_spelled_one_way_on_every_command() -> None:
+    by_name = {name: spelling for spelling, (name, *_) in SHARED_OPTIONS.items()}
+    for path, command in COMMANDS.items():
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.hidden or param.name == "help":
+                continue
+            spelling = _declared(param)
+            if param.name in by_name:  # the same parameter: the same spelling
+                assert spelling == by_name[param.name], (path, spelling)
+            spellings = {s for s in SHARED_OPTIONS if set(s.split("/")) & set(param.opts)}
+            assert spellings <= {spelling}, (path, spelling)  # no spelling of another's
+            if spelling not in SHARED_OPTIONS:
+                continue
+            name, metavar, flag, helps = SHARED_OPTIONS[spelling]
+            assert (param.name, param.metavar, param.is_flag) == (name, metavar, flag), path
+            assert param.help is not None, (path, spelling)
+            if isinstance(helps, set):
+                assert param.help in helps, (path, spelling, param.help)
+            else:
+                assert param.help.endswith(helps), (path, spelling, param.help)
+            if spelling == "--json":
+                assert param.help == JSON_SHAPES[path], path
+    with_json = {p for p, c in COMMANDS.items() if any(o.name == "as_json" for o in c.params)}
+    assert with_json == set(JSON_SHAPES)
+    # the destination a command acts on is its first argument (after a schedule's name)
+    targets = {p for p, c in COMMANDS.items() if "DESTINATION" in map(_declared, c.params)}
+    assert targets == {"publish", "consume", "recurring add"}
 
 
 def test_groups_list_their_commands_in_the_order_they_were_added() -> None:
@@ -208,6 +300,7 @@ def test_a_command_receives_defaults_and_repeated_options() -> None:
         "at": None,
         "header": ("a=1", "b=2"),
         "message_id": None,
+        "content_type": None,
         "as_json": False,
         "key": None,
         "on_conflict": None,
@@ -295,11 +388,11 @@ def test_an_option_value_of_the_wrong_form_or_range_exits_2_naming_it(
 
 
 def test_a_refused_value_exits_1_with_one_line() -> None:
-    result = _invoke("publish", "jobs", "not json", "--json", "--delay", "1s")
+    result = _invoke("publish", "jobs", "not json", "--content-type", "json", "--delay", "1s")
     assert result.exit_code == 1
     assert result.output == (
-        "error: --json was given but the body is not JSON: Expecting value: line 1 column 1 "
-        "(char 0)\n"
+        "error: --content-type json but the body is not JSON: Expecting value: line 1 "
+        "column 1 (char 0)\n"
     )
 
 
@@ -315,7 +408,7 @@ def test_the_help_lists_arguments_with_their_help_and_examples_one_per_line() ->
     assert "  -H, --header KEY=VALUE  k=v; repeat.\n" in result.output
     assert (
         "  Examples:\n\n"
-        "    rmqdelay publish orders-timeout '{\"order\": 42}' --json --delay 15m\n"
+        "    rmqdelay publish orders-timeout '{\"order\": 42}' --delay 15m --json\n"
         "    echo hi | rmqdelay publish emails - --at 2026-12-01T09:00:00Z\n"
         "    rmqdelay publish reminders hi --delay 1h --key order-42 --on-conflict ignore\n"
     ) in result.output
@@ -387,3 +480,110 @@ def test_a_mistyped_command_gets_clicks_suggestion() -> None:
     result = CliRunner().invoke(app, ["publsh", "jobs"])
     assert result.exit_code == 2
     assert "No such command 'publsh'. Did you mean 'publish'?" in result.output
+
+
+def test_an_old_spelling_still_works_for_a_release_and_says_the_new_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _params("reschedule", "order-42", "--in", "2h")["delay"] == "2h"
+    assert "warning: --in is deprecated, use --delay" in capsys.readouterr().err
+    # recurring add NAME BODY -d DEST (0.x): the positional after NAME was the body
+    old = _params("recurring add", "poll", "ping", "-d", "poller", "--every", "15m")
+    assert (old["destination"], old["body"]) == ("poller", "ping")
+    assert "--destination is deprecated" in capsys.readouterr().err
+    new = _params("recurring add", "poll", "poller", "ping", "--every", "15m")
+    assert (new["destination"], new["body"]) == ("poller", "ping")
+    assert _params("recurring add", "poll", "-d", "poller", "--first-at", "2030-01-01T00:00Z")[
+        "at"
+    ] == ("2030-01-01T00:00Z")
+    both = _invoke("reschedule", "order-42", "--in", "2h", "--delay", "1h")
+    assert both.exit_code == 2 and "--in and --delay say the same: give one" in both.output
+    missing = _invoke("recurring", "add", "poll", "--every", "15m")
+    assert missing.exit_code == 2 and "Missing argument 'DESTINATION'" in missing.output
+
+
+def test_a_json_body_is_sent_as_json_and_said_unless_a_type_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rmqdelay.cli.publish import read_body
+
+    assert read_body('{"n": 1}', None) == ({"n": 1}, None)
+    assert "the body is JSON: sent as application/json" in capsys.readouterr().err
+    assert read_body('{"n": 1}', "text/plain") == ('{"n": 1}', "text/plain")
+    assert read_body("42", None) == ("42", None)  # a number or a word stays text
+    assert read_body("[not json", None) == ("[not json", None)
+    assert read_body("42", "json") == (42, None)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_table_into_a_pipe_is_plain_columns_never_wrapped_or_cut() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from rmqdelay.cli.output import print_table
+
+    long = "x" * 150
+    for terminal, boxes in ((False, False), (True, True)):
+        file = StringIO()
+        console = Console(file=file, force_terminal=terminal, width=80, soft_wrap=True)
+        print_table(
+            ("name", "n"),
+            [(long, "1"), ("b", ("22", "red"))],
+            title="T",
+            caption="2 rows",
+            right=("n",),
+            console=console,
+        )
+        text = file.getvalue()
+        assert ("┃" in text) is boxes
+        if not terminal:
+            assert text.splitlines() == [
+                "T",
+                f"{'name':<150}   n",
+                f"{'-' * 150}  --",
+                f"{long}   1",
+                f"{'b':<150}  22",
+                "2 rows",
+            ]
+
+
+def test_results_say_themselves_in_the_words_the_cli_and_the_dashboard_print() -> None:
+    from rmqdelay.core.journal.recurring import RecurringResult
+    from rmqdelay.core.journal.reschedule import RescheduleResult
+    from rmqdelay.core.journal.view import CancelResult
+
+    assert CancelResult("a", "cancelled", 1000, "d", 1).describe() == (
+        "a: cancelled (was due 1970-01-01T00:00:01.000+00:00)"
+    )
+    assert CancelResult("a", "cancelled", 2000, "d", 3, (1000, 2000)).describe() == (
+        "a: cancelled 2 copies (were due 1970-01-01T00:00:01.000+00:00, "
+        "1970-01-01T00:00:02.000+00:00; 1 more already due)"
+    )
+    assert CancelResult("", "unknown", key="k").describe() == (
+        "key k: unknown (no message with this key in the schedule journal)"
+    )
+    assert (
+        CancelResult("a", "unknown").describe() == "a: unknown (no record in the schedule journal)"
+    )
+    moved = RescheduleResult("k", "rescheduled", "id", "k", "d", 1000, 2000)
+    assert moved.describe() == (
+        "k: rescheduled (id) from 1970-01-01T00:00:01.000+00:00 to "
+        "1970-01-01T00:00:02.000+00:00 (the waiting copy is forwarded)"
+    )
+    assert RescheduleResult("x", "unknown").describe().startswith("x: unknown")
+    paused = RecurringResult("poll", "paused", "every 15m", "jobs", 1000)
+    assert paused.describe() == (
+        "poll: paused (every 15m to jobs), next 1970-01-01T00:00:01.000+00:00: its "
+        "occurrences go on, no handler runs until it is resumed"
+    )
+
+
+def test_read_only_is_said_one_way() -> None:
+    from rmqdelay import dashboard
+    from rmqdelay.cli import dashboard as command
+
+    assert command.READ_ONLY == dashboard.READ_ONLY
+    help = " ".join(_invoke("dashboard", "--help").output.split())  # unwrapped
+    assert f"--read-only {dashboard.READ_ONLY}." in help
+    assert f"The dashboard {dashboard.READ_ONLY}. Env: RMQDELAY_DASHBOARD_READ_ONLY." in help

@@ -12,6 +12,7 @@ import os
 import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -164,6 +165,16 @@ def test_the_journals_usual_line_is_encode_records(
     )
     assert encode_scheduled(message_id, destination, due, attempt, size, recorded) == (
         encode_record(record)
+    )
+    # with its body (journal_bodies, the default) and the properties kept with it
+    body, properties = message_id.encode()[:size], {"content_type": destination}
+    assert encode_scheduled(
+        message_id, destination, due, attempt, size, recorded, "k", "ignore", body, properties
+    ) == encode_record(
+        replace(record, key="k", on_conflict="ignore", body=body, properties=properties)
+    )
+    assert encode_scheduled(message_id, destination, due, attempt, size, recorded, body=b"") == (
+        encode_record(replace(record, body=b""))
     )
 
 

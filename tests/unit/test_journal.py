@@ -429,9 +429,16 @@ usual_lines = st.builds(
     attempt=st.integers(0, 100),
     body_size=st.integers(0, 2**31),
     recorded_at_ms=st.integers(0, 2**53),
+    # with the body and its content type too (journal_bodies, the default)
+    body=st.none() | st.binary(max_size=12),
+    properties=st.none() | st.fixed_dictionaries({"content_type": _usual_texts}),
 )
 _odd_usual = st.sampled_from(
     [
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0,"b":"YW"}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0,"b":"Y"}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0,"b":"@"}',
+        b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1,"a":1,"n":0,"t":0,"p":{"content_type":"x"}}',
         b'{"v":1,"k":"scheduled","id":"a","d":"o","due":01,"a":1,"n":0,"t":0}',
         b'{"v":1,"k":"scheduled","id":"a","d":"o","due":-1,"a":1,"n":0,"t":0}',
         b'{"v":1,"k":"scheduled","id":"a","d":"o","due":1.5,"a":1,"n":0,"t":0}',

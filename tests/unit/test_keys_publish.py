@@ -166,10 +166,10 @@ def test_an_earlier_copy_is_the_same_message_with_its_properties() -> None:
 
 
 def test_reschedule_answers_when_it_cannot() -> None:
-    publisher = InMemoryPublisher()
+    publisher = InMemoryPublisher(Settings(journal_bodies=False))  # bodies are kept by default
     assert publisher.reschedule("nothing", delay="1m").outcome == "unknown"
     plain = publisher.publish("jobs", b"1", delay="10m")
-    with pytest.raises(ConfigurationError, match="journal_bodies = true"):
+    with pytest.raises(ConfigurationError, match="published with journal_bodies = false"):
         publisher.reschedule(plain.message_id, delay="1m")
     publisher.cancel(plain.message_id)
     assert publisher.reschedule(plain.message_id, delay="1h").outcome == "cancelled"

@@ -396,7 +396,11 @@ def test_the_calls_on_the_in_memory_publisher() -> None:
         removed = publisher.remove_recurring("poll")
         assert removed.cancelled == (sent.message_id,)
         assert publisher.list_recurring() == []
-        assert publisher.remove_recurring("poll").outcome == "unknown"
+        # a second remove answers as the first did (as a second cancel does), writing nothing
+        again = publisher.remove_recurring("poll")
+        assert (again.outcome, again.cancelled) == ("removed", ())
+        assert again.describe() == "poll: removed (every 15m to jobs)"
+        assert publisher.pause_recurring("poll").outcome == "unknown"
         kinds = [(r.kind, r.data.get("op")) for r in publisher.journal if r.kind != "scheduled"]
         assert kinds == [
             ("recurring", "add"),

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ...errors import RecurringError
+from ..clock import iso_of_ms
 from .records import JournalRecord
 from .rules import (
     RECURRING,
@@ -365,3 +366,22 @@ class RecurringResult:
             "message_id": self.message_id,
             "cancelled": list(self.cancelled),
         }
+
+    def describe(self) -> str:
+        """The answer in words, as ``rmqdelay recurring`` and the dashboard say it."""
+        if self.outcome == "unknown":
+            return f"{self.name}: unknown (no such schedule in the schedule journal)"
+        said = f"{self.name}: {self.outcome}"
+        if self.rule:
+            said += f" ({self.rule} to {self.destination})"
+        if self.next_ms is not None:
+            said += f", next {iso_of_ms(self.next_ms)}"
+        if self.cancelled:
+            said += f", cancelled the pending occurrence ({', '.join(self.cancelled)})"
+        return said + _MEANS.get(self.outcome, "")
+
+
+_MEANS = {
+    "paused": ": its occurrences go on, no handler runs until it is resumed",
+    "resumed": ": from its next occurrence (those missed while paused are not run late)",
+}

@@ -159,13 +159,19 @@ def switch(
     clock: Clock = now_ms,
 ) -> AnyFlow:
     """``pause``, ``resume`` or ``remove`` a schedule; ``remove`` also cancels its
-    pending occurrence. ``unknown`` when the journal knows of no such schedule."""
+    pending occurrence. ``unknown`` when the journal knows of no such schedule (or, but
+    for a second ``remove``, of none that was not removed)."""
     require_journal(layout, "recurring schedules")
     validate_name(name)
     book, view = yield from _read(layout, timeout, clock, name)
     known = book.schedules.get(name)
-    if known is None or book.effective(known)[0] == "removed":
+    if known is None:
         return RecurringResult(name, "unknown")
+    if book.effective(known)[0] == "removed":
+        if op != "remove":
+            return RecurringResult(name, "unknown")
+        # a second remove answers as the first did, as a second cancel does
+        return RecurringResult(name, "removed", known.rule.describe(), known.destination)
     now = clock()
     # never stamped before what it changes: another host's clock may be ahead
     stamp = max(now, chain_ms(known.chain), book.effective(known)[1] + 1)

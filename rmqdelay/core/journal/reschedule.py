@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..clock import iso_of_ms
 from .records import JournalRecord
 from .view import ScheduleView
 
@@ -54,6 +55,29 @@ class RescheduleResult:
             "due_at_ms": self.due_at_ms,
             "fresh_copy": self.fresh_copy,
         }
+
+    def describe(self) -> str:
+        """The answer in words, as ``rmqdelay reschedule`` and the dashboard say it."""
+        who = ""
+        if self.message_id is not None and self.message_id != self.target:
+            who = f" ({self.message_id})"
+        before = iso_of_ms(self.previous_due_ms) if self.previous_due_ms is not None else "?"
+        if self.outcome == "rescheduled" and self.due_at_ms is not None:
+            how = (
+                "a fresh copy was published" if self.fresh_copy else "the waiting copy is forwarded"
+            )
+            said = f"rescheduled{who} from {before} to {iso_of_ms(self.due_at_ms)} ({how})"
+        else:
+            said = {
+                "handled": f"not rescheduled{who}: already handled",
+                "cancelled": f"not rescheduled{who}: it was cancelled",
+                "due": f"not rescheduled{who}: already due ({before}): handled or on its way",
+                "ignored": f"not rescheduled{who}: that publish was ignored (its key was pending)",
+                "replaced": f"not rescheduled{who}: it was replaced under its key",
+                "needs body": f"not rescheduled{who}: an earlier time needs its body, and its "
+                "journal record holds none (published with journal_bodies = false)",
+            }.get(self.outcome, "unknown (no message with this id or key in the schedule journal)")
+        return f"{self.target}: {said}"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from itertools import compress, islice
 from operator import attrgetter, eq
 from typing import Any, Literal
 
+from ..clock import iso_of_ms
 from .generations import Move
 from .keys import KeyBook
 from .records import JournalRecord
@@ -260,6 +261,36 @@ class CancelResult:
             "cancelled_due_ms": list(self.cancelled_due_ms),
             **({"key": self.key} if self.key is not None else {}),
         }
+
+    def describe(self) -> str:
+        """The answer in words, as ``rmqdelay cancel`` and the dashboard say it: what
+        was named, then how many copies it stopped when there were several."""
+        if self.key is not None:
+            if not self.message_id:
+                return f"key {self.key}: unknown (no message with this key in the schedule journal)"
+            return f"key {self.key} ({self.message_id}): {self._said()}"
+        return f"{self.message_id}: {self._said()}"
+
+    def _said(self) -> str:
+        ahead = self.cancelled_due_ms or ((self.due_at_ms,) if self.due_at_ms is not None else ())
+        if self.outcome == "cancelled" and ahead:
+            due = ", ".join(map(iso_of_ms, ahead))
+            said = (
+                f"cancelled (was due {due}"
+                if len(ahead) == 1
+                else (f"cancelled {len(ahead)} copies (were due {due}")
+            )
+            past = self.copies - len(ahead)
+            return said + (f"; {past} more already due)" if past > 0 else ")")
+        if self.outcome == "too late" and self.due_at_ms is not None:
+            due = iso_of_ms(self.due_at_ms)
+            if self.copies > 1:
+                return (
+                    f"too late (all {self.copies} copies due, the last {due}; "
+                    "they may have been delivered)"
+                )
+            return f"too late (due {due}; it may have been delivered)"
+        return "unknown (no record in the schedule journal)"
 
 
 def plan_cancels(
