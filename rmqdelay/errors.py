@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .core.outgoing import PublishResult
+    from .core.publishing.outgoing import PublishResult
 
 __all__ = [
     "AccessRefusedError",

@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from rmqdelay import Context, Settings
 from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.amqp.topology_manager import TopologyManager
-from rmqdelay.core.outgoing import PublishResult
+from rmqdelay.core.publishing.outgoing import PublishResult
 from rmqdelay.core.retry import Backoff
 from rmqdelay.worker import Worker
 

@@ -28,7 +28,7 @@ from .options import (
 )
 
 if TYPE_CHECKING:
-    from ..core.outgoing import ConflictChoice, PublishResult
+    from ..core.publishing.outgoing import ConflictChoice, PublishResult
     from ..settings import Settings
     from ..worker import Delivery, Settled
 

@@ -35,8 +35,8 @@ from ..errors import ConfigurationError, InvalidMessageError
 from .clock import datetime_of_us, timedelta_of_ms, us_of_ms
 from .durations import format_ms
 from .layout import Layout
+from .publishing.templates import new_message_id
 from .routing import validate_destination
-from .templates import new_message_id
 from .topology import Binding, Exchange, Queue, Topology, queue_arguments
 from .wire import encode_properties
 

@@ -29,7 +29,7 @@ from rmqdelay.core.parking import (
     replay_headers,
     short_traceback,
 )
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.core.retry import (
     Backoff,
     DecodeError,
