@@ -118,7 +118,10 @@ class _Memory:
     ) -> None:
         self.settings = settings or Settings()
         self.core = PublisherCore(
-            self.settings.layout, journal_bodies=self.settings.journal_bodies, now_us=self._now_us
+            self.settings.layout,
+            journal_bodies=self.settings.journal_bodies,
+            timeout=self.settings.confirm_timeout,
+            now_us=self._now_us,
         )
         self._broker = _Broker(None if destinations is None else set(destinations), journal_exists)
         self.can_failover = can_failover
@@ -175,7 +178,8 @@ class _Memory:
         self._dropped = reconnects
 
     def advance(self, delay: DurationLike) -> None:
-        """Move this publisher's clock on (due times, ``too late``, what is listed)."""
+        """Move this publisher's clock on: every flow reads it (due times, reschedules,
+        ``too late``, what is listed, recurring occurrences, the records' times)."""
         self._offset_us += parse_duration_us(delay)
 
     def now(self) -> datetime:
@@ -231,8 +235,8 @@ class _Memory:
         return True
 
     def _stream(self, name: str) -> list[StreamMessage] | None:
-        """A stream's messages, as a consumer would get them (records carry the wall
-        clock's time, not :meth:`advance`'s, so a read from a time reads them all)."""
+        """A stream's messages, as a consumer would get them (a read from a time reads
+        them all)."""
         broker = self._broker
         if not broker.journal_exists:
             return None
