@@ -121,7 +121,6 @@ class _Memory:
             self.settings.layout,
             journal_bodies=self.settings.journal_bodies,
             timeout=self.settings.confirm_timeout,
-            now_us=self._now_us,
         )
         self._broker = _Broker(None if destinations is None else set(destinations), journal_exists)
         self.can_failover = can_failover
@@ -130,7 +129,6 @@ class _Memory:
         self.failovers: list[str] = []
         """The reason of each failover the flows asked for."""
         self.reconnects = 0
-        self._offset_us = 0
         self._dropped: bool | None = None
 
     # ------------------------------------------------------------------ for the test
@@ -180,15 +178,12 @@ class _Memory:
     def advance(self, delay: DurationLike) -> None:
         """Move this publisher's clock on: every flow reads it (due times, reschedules,
         ``too late``, what is listed, recurring occurrences, the records' times)."""
-        self._offset_us += parse_duration_us(delay)
+        self.core.offset_us += parse_duration_us(delay)
 
     def now(self) -> datetime:
         return clock.datetime_of_ms(self.core.now_ms())
 
     # ------------------------------------------------------------------ the transport
-
-    def _now_us(self) -> int:
-        return clock.now_us() + self._offset_us
 
     def _connected(self) -> None:
         if self._dropped is None:

@@ -8,7 +8,7 @@ late as possible by :mod:`.sending`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
@@ -71,13 +71,23 @@ def check_key(layout: Layout, key: object, on_conflict: object) -> None:
 
 
 class Preparing:
-    """The checks of a publisher (a part of :class:`~.publisher.PublisherCore`)."""
+    """The checks of a publisher, and its clock (the base of
+    :class:`~.publisher.PublisherCore`)."""
 
     layout: Layout
-    now_us: Callable[[], int]
-    """The publisher's clock (an in-memory publisher's can be moved on)."""
+    offset_us = 0
+    """How far this publisher's clock is ahead of the wall clock: an in-memory
+    publisher's ``advance()`` moves it on."""
     _valid_destinations: set[str]
     _properties: PropertyTemplates
+
+    def now_us(self) -> int:
+        """The publisher's clock in µs: what due times and routes start from."""
+        return clock.now_us() + self.offset_us
+
+    def now_ms(self) -> int:
+        """The publisher's clock in ms: what records and the journal's flows read."""
+        return clock.now_ms() + self.offset_us // 1000
 
     def prepare(
         self,

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from ...errors import RmqDelayError
-from .. import clock, failures
+from .. import failures
 from ..clock import ms_of_datetime, ms_of_us
 from ..durations import DurationLike
 from ..journal import flows as journal_flows
@@ -38,7 +38,6 @@ from ..layout import Layout
 from ..messages import ATTEMPT, KEY, MessageProperties
 from ..steps import Checkpoint, Flow
 from .outgoing import Drafts, Outcome, Prepared, PublishOptions, PublishResult, gather_results
-from .prepare import Preparing
 from .sending import Sending
 from .templates import PropertyTemplates
 
@@ -54,7 +53,7 @@ its keyword arguments cost a plain message a fifth of its preparation."""
 _NEEDED = frozenset(("destination", "body"))
 
 
-class PublisherCore(Preparing, Sending):
+class PublisherCore(Sending):
     """The sans-IO half of a publisher: checks, plans, flows and their errors."""
 
     def __init__(
@@ -63,14 +62,12 @@ class PublisherCore(Preparing, Sending):
         *,
         journal_bodies: bool = False,
         timeout: float = 30.0,
-        now_us: Callable[[], int] = clock.now_us,
     ) -> None:
         self.layout = layout
         self.journal_bodies = journal_bodies
         self.timeout = timeout
         """How long a flow waits for the broker: a keyed publish's read back, a read of
         the journal (the publisher's ``confirm_timeout``)."""
-        self.now_us = now_us
         self.known_destinations: set[str] = set()
         self._journal_checked = False
         self._valid_destinations: set[str] = set()

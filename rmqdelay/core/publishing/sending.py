@@ -7,7 +7,7 @@ A part of :class:`~.publisher.PublisherCore`; the adapters carry out its steps
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from ...errors import ConfirmTimeoutError, PublisherClosedError, UnroutableError
@@ -23,13 +23,13 @@ from ..journal.records import (
     journal_name,
 )
 from ..journal.steps import journal_properties
-from ..layout import Layout
 from ..messages import ATTEMPT, KEY, MessageProperties
 from ..plan import DelayPlan, Route, plan_delay, plan_route
 from ..routing import validate_destination
 from ..steps import CheckQueue, Failover, Flow, Send
 from ..wire import encode_properties
 from .outgoing import Draft, Drafts, Outcome, Outgoing, Prepared, WithRecords
+from .prepare import Preparing
 from .templates import new_message_id
 
 __all__ = ["Sending"]
@@ -40,19 +40,14 @@ _NOT_RECORDED = frozenset((ATTEMPT, KEY))
 """Headers a record holds in fields of its own (``a``, ``key``)."""
 
 
-class Sending:
-    """The sending half of a publisher (a part of :class:`~.publisher.PublisherCore`)."""
+class Sending(Preparing):
+    """The checks, and the sending of a batch (the base of
+    :class:`~.publisher.PublisherCore`)."""
 
-    layout: Layout
     journal_bodies: bool
     known_destinations: set[str]
-    now_us: Callable[[], int]
     _journal_checked: bool
     _follower: KeyFollower | None
-
-    def now_ms(self) -> int:
-        """The publisher's clock in ms (what records and the journal's flows use)."""
-        return self.now_us() // 1000
 
     def key_follower(self) -> KeyFollower:
         """The journal as this publisher has read it for keys (made on first use)."""
