@@ -1,7 +1,7 @@
 """Sending a batch: the destinations checked, the journal's records beside the messages,
 once more on another node what got no confirm, and the route planned at the last moment.
 
-A part of :class:`~.publisher.PublisherCore`; the adapters carry out its steps
+A base of :class:`~.publisher.PublisherCore`; the adapters carry out its steps
 (:mod:`..steps`) and pick their errors among :meth:`Sending.returned` and the rest.
 """
 
