@@ -90,7 +90,7 @@ def fill_journal(settings: Settings, messages: int) -> float:
     from rmqdelay.amqp.journal import run_journal
     from rmqdelay.core.journal import reading as journal_reading
     from rmqdelay.core.journal.records import JournalRecord
-    from rmqdelay.core.templates import new_message_id
+    from rmqdelay.core.publishing.templates import new_message_id
 
     started = time.perf_counter()
     connection = connect_blocking(settings, "bench-fill")

@@ -20,9 +20,10 @@ if TYPE_CHECKING:  # what mypy and IDEs see; at run time __getattr__ imports the
     from .core.handling.retry import Backoff, DecodeError, Park, Requeue, Retry, RetryPolicy
     from .core.journal.recurring import RecurringResult, RecurringSchedule
     from .core.layout import Layout
-    from .core.outgoing import PublishResult
     from .core.plan import DelayPlan, plan_delay
-    from .core.protocols import AsyncPublisherProtocol, PublisherProtocol
+    from .core.publishing.aio_api import AsyncPublisherProtocol
+    from .core.publishing.api import PublisherProtocol
+    from .core.publishing.outgoing import PublishResult
     from .core.topology import Topology, build_topology
     from .errors import (
         BatchPublishError,
@@ -116,12 +117,12 @@ _WHERE: dict[str, str] = {
     "format_ms": ".core.durations",
     "parse_duration_us": ".core.durations",
     "Layout": ".core.layout",
-    "PublishResult": ".core.outgoing",
+    "PublishResult": ".core.publishing.outgoing",
     "ParkedMessage": ".core.handling.parking",
     "DelayPlan": ".core.plan",
     "plan_delay": ".core.plan",
-    "AsyncPublisherProtocol": ".core.protocols",
-    "PublisherProtocol": ".core.protocols",
+    "AsyncPublisherProtocol": ".core.publishing.aio_api",
+    "PublisherProtocol": ".core.publishing.api",
     "RecurringResult": ".core.journal.recurring",
     "RecurringSchedule": ".core.journal.recurring",
     **dict.fromkeys(

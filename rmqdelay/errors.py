@@ -6,10 +6,7 @@ A caller can catch the base class, or one cause: each message names what to fix.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .core.outgoing import PublishResult
+from typing import Any
 
 __all__ = [
     "AccessRefusedError",
@@ -114,14 +111,15 @@ class BatchPublishError(PublishError):
 
     ``failures`` maps each failed message id to its error; publish those again.
     ``results`` holds the :class:`~rmqdelay.PublishResult` of each confirmed message, in
-    the order of the requests.
+    the order of the requests (typed ``Any`` here: the errors import nothing of the core,
+    which raises them).
     """
 
     def __init__(
         self,
         failures: dict[str, PublishError],
         confirmed: int,
-        results: Sequence[PublishResult] = (),
+        results: Sequence[Any] = (),
     ) -> None:
         self.failures = failures
         self.confirmed = confirmed

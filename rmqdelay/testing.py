@@ -1,13 +1,14 @@
-"""An in-memory publisher for unit tests: no broker, the same flows.
+"""An in-memory publisher for unit tests: no broker, the same publisher.
 
-:class:`InMemoryPublisher` and :class:`AsyncInMemoryPublisher` run the flows of
-:class:`~rmqdelay.core.publisher_core.PublisherCore` that :class:`~rmqdelay.Publisher` and
-:class:`~rmqdelay.AsyncPublisher` run, so what is checked, planned, journaled and raised
-is the same; only the broker is a list. They record what was confirmed
+:class:`InMemoryPublisher` and :class:`AsyncInMemoryPublisher` are the publishers of
+:mod:`rmqdelay.core.publishing.api` (and its async twin) over an in-memory transport, as
+dramatiq's StubBroker implements the broker, not the API: every operation and option of
+:class:`~rmqdelay.Publisher` and :class:`~rmqdelay.AsyncPublisher` works on them, with
+the same checks, plans, journal records and errors, and :meth:`InMemoryPublisher.advance`
+moves the clock every flow reads; only the broker is a list. They record what was confirmed
 (:attr:`InMemoryPublisher.sent`), keep a schedule journal that ``cancel`` and
 ``list_scheduled`` read, and fail on request (:meth:`InMemoryPublisher.fail_next`) so
-that a caller's error handling can be tested. Both satisfy
-:class:`~rmqdelay.PublisherProtocol` (or its async twin). Neither imports a client library.
+that a caller's error handling can be tested. Neither imports a client library.
 """
 
 from __future__ import annotations
@@ -16,23 +17,20 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar
 
-from typing_extensions import Unpack
+from typing_extensions import Self
 
-from .amqp.recurring_api import RecurringFlows, RecurringMethods
 from .core import clock, failures
 from .core.durations import DurationLike, parse_duration_us
-from .core.journal import flows as journal_flows
 from .core.journal.checkpoint import checkpoint_name
 from .core.journal.records import JournalRecord, decode_records, encode_records, journal_name
-from .core.journal.recurring import RecurringResult, RecurringSchedule
-from .core.journal.reschedule import RescheduleResult
 from .core.journal.steps import Append, Read, ReadEnd, StreamMessage
-from .core.journal.view import CancelResult
 from .core.journal.writer import write
-from .core.outgoing import Outcome, Outgoing, Prepared, PublishOptions, PublishResult
-from .core.publisher_core import PublisherCore
+from .core.publishing.aio_api import AbstractAsyncPublisher
+from .core.publishing.api import AbstractPublisher
+from .core.publishing.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from .core.publishing.publisher import PublisherCore
 from .core.steps import RECONNECT_PAUSES, Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
 from .settings import Settings
 
@@ -119,7 +117,11 @@ class _Memory:
         can_failover: bool = True,
     ) -> None:
         self.settings = settings or Settings()
-        self.core = PublisherCore(self.settings.layout, journal_bodies=self.settings.journal_bodies)
+        self.core = PublisherCore(
+            self.settings.layout,
+            journal_bodies=self.settings.journal_bodies,
+            timeout=self.settings.confirm_timeout,
+        )
         self._broker = _Broker(None if destinations is None else set(destinations), journal_exists)
         self.can_failover = can_failover
         """Whether a failover finds another node (a publisher that owns its connection):
@@ -127,7 +129,6 @@ class _Memory:
         self.failovers: list[str] = []
         """The reason of each failover the flows asked for."""
         self.reconnects = 0
-        self._offset_us = 0
         self._dropped: bool | None = None
 
     # ------------------------------------------------------------------ for the test
@@ -175,58 +176,14 @@ class _Memory:
         self._dropped = reconnects
 
     def advance(self, delay: DurationLike) -> None:
-        """Move this publisher's clock on (due times, ``too late``, what is listed)."""
-        self._offset_us += parse_duration_us(delay)
+        """Move this publisher's clock on: every flow reads it (due times, reschedules,
+        ``too late``, what is listed, recurring occurrences, the records' times)."""
+        self.core.offset_us += parse_duration_us(delay)
 
     def now(self) -> datetime:
-        return clock.datetime_of_ms(self._now_ms())
+        return clock.datetime_of_ms(self.core.now_ms())
 
-    # ------------------------------------------------------------------ the flows
-
-    def _now_us(self) -> int:
-        return clock.now_us() + self._offset_us
-
-    def _now_ms(self) -> int:
-        return clock.ms_of_us(self._now_us())
-
-    def _publish(self, destination: str, body: object, options: PublishOptions) -> PublishResult:
-        timed = cast(PublishOptions, {"now": self._now_us(), **options})
-        return self._run(self.core.publish(destination, body, timed))
-
-    def _publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
-        now = self._now_us()
-        return self._run(self.core.publish_many([{"now": now, **r} for r in requests]))
-
-    def _check_destination(self, destination: str) -> None:
-        self._run(self.core.check_destination(destination))
-
-    def _cancel(self, message_ids: Iterable[str], keys: Iterable[str]) -> list[CancelResult]:
-        layout = self.core.layout
-        keys = (keys,) if isinstance(keys, str) else keys
-        return self._run(journal_flows.cancel(layout, message_ids, keys=keys, clock=self._now_ms))
-
-    def _reschedule(
-        self, target: str, delay: DurationLike | None, at: datetime | None
-    ) -> RescheduleResult:
-        return self._run(self.core.reschedule(target, delay=delay, at=at))
-
-    def _list_scheduled(
-        self,
-        destination: str | None,
-        due_before: datetime | None,
-        limit: int | None,
-        key: str | None = None,
-    ) -> list[JournalRecord]:
-        return self._run(
-            journal_flows.list_scheduled(
-                self.core.layout,
-                destination=destination,
-                due_before_ms=None if due_before is None else clock.ms_of_datetime(due_before),
-                limit=limit,
-                key=key,
-                clock=self._now_ms,
-            )
-        )
+    # ------------------------------------------------------------------ the transport
 
     def _connected(self) -> None:
         if self._dropped is None:
@@ -237,13 +194,13 @@ class _Memory:
             raise failures.lost("connection lost (simulated)", owned=True, attempts=tries)
         self.reconnects += 1
 
-    def _run(self, flow: Flow[T]) -> T:
+    def _carry_out(self, flow: Flow[T]) -> T:
         self._connected()
         return run_flow(flow, self._do)
 
     def _do(self, step: Step) -> object:
         if isinstance(step, Checkpoint):  # written at once: a test sees it after the call
-            layout, clock_ms = self.core.layout, self._now_ms
+            layout, clock_ms = self.core.layout, self.core.now_ms
             flow = write(layout, writer=step.writer, timeout=1.0, clock=clock_ms, due=step.due)
             run_flow(flow, self._do)
             return None
@@ -273,8 +230,8 @@ class _Memory:
         return True
 
     def _stream(self, name: str) -> list[StreamMessage] | None:
-        """A stream's messages, as a consumer would get them (records carry the wall
-        clock's time, not :meth:`advance`'s, so a read from a time reads them all)."""
+        """A stream's messages, as a consumer would get them (a read from a time reads
+        them all)."""
         broker = self._broker
         if not broker.journal_exists:
             return None
@@ -316,7 +273,7 @@ class _Memory:
         return known is None or any(layout.work_queue(d) == queue for d in known)
 
     def _send(self, prepared: Prepared) -> Outcome:
-        out = self.core.finalize(prepared, self._now_us())
+        out = self.core.finalize(prepared)
         failure = self._failure(out)
         if failure is not None:
             return failure
@@ -356,8 +313,9 @@ class _Memory:
         return self.core.no_exchange(out, f"NOT_FOUND - no exchange {out.exchange!r}")
 
 
-class InMemoryPublisher(_Memory, RecurringMethods):
-    """A :class:`~rmqdelay.Publisher` without a broker, for unit tests.
+class InMemoryPublisher(_Memory, AbstractPublisher):
+    """A :class:`~rmqdelay.Publisher` without a broker, for unit tests: the same
+    operations (:class:`~rmqdelay.core.publishing.api.AbstractPublisher`) over memory.
 
     ``destinations``: the work queues that exist (default: every one); ``settings``
     as for the real publisher (``schedule_journal``, ``max_delay``, ...);
@@ -365,112 +323,25 @@ class InMemoryPublisher(_Memory, RecurringMethods):
     a failover finds no other node (a publisher given its connection).
     """
 
-    def connect(self) -> InMemoryPublisher:
+    def connect(self) -> Self:
         return self
 
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> InMemoryPublisher:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        pass
-
-    def publish(
-        self, destination: str, body: object, **options: Unpack[PublishOptions]
-    ) -> PublishResult:
-        """:meth:`rmqdelay.Publisher.publish`: validated, planned and recorded."""
-        return self._publish(destination, body, options)
-
-    def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
-        """:meth:`rmqdelay.Publisher.publish_many`, BatchPublishError included."""
-        return self._publish_many(requests)
-
-    def check_destination(self, destination: str) -> None:
-        self._check_destination(destination)
-
-    def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
-        """:meth:`rmqdelay.Publisher.cancel` against this publisher's journal."""
-        return self._cancel(message_ids, keys)
-
-    def reschedule(
-        self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None
-    ) -> RescheduleResult:
-        """:meth:`rmqdelay.Publisher.reschedule` against this publisher's journal (the
-        wall clock's time, not :meth:`advance`'s)."""
-        return self._reschedule(id_or_key, delay, at)
-
-    def list_scheduled(
-        self,
-        *,
-        destination: str | None = None,
-        due_before: datetime | None = None,
-        limit: int | None = None,
-        key: str | None = None,
-    ) -> list[JournalRecord]:
-        return self._list_scheduled(destination, due_before, limit, key)
+    def _run(self, flow: Flow[T]) -> T:
+        return self._carry_out(flow)
 
 
-class AsyncInMemoryPublisher(_Memory, RecurringFlows):
+class AsyncInMemoryPublisher(_Memory, AbstractAsyncPublisher):
     """An :class:`~rmqdelay.AsyncPublisher` without a broker: :class:`InMemoryPublisher`
     with awaited methods."""
 
-    async def connect(self) -> AsyncInMemoryPublisher:
+    async def connect(self) -> Self:
         return self
 
     async def close(self) -> None:
         pass
 
-    async def __aenter__(self) -> AsyncInMemoryPublisher:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        pass
-
-    async def publish(
-        self, destination: str, body: object, **options: Unpack[PublishOptions]
-    ) -> PublishResult:
-        return self._publish(destination, body, options)
-
-    async def publish_many(self, requests: Iterable[Mapping[str, Any]]) -> list[PublishResult]:
-        return self._publish_many(requests)
-
-    async def check_destination(self, destination: str) -> None:
-        self._check_destination(destination)
-
-    async def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
-        return self._cancel(message_ids, keys)
-
-    async def reschedule(
-        self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None
-    ) -> RescheduleResult:
-        return self._reschedule(id_or_key, delay, at)
-
-    async def list_scheduled(
-        self,
-        *,
-        destination: str | None = None,
-        due_before: datetime | None = None,
-        limit: int | None = None,
-        key: str | None = None,
-    ) -> list[JournalRecord]:
-        return self._list_scheduled(destination, due_before, limit, key)
-
-    async def add_recurring(
-        self, name: str, destination: str, body: object, **options: Any
-    ) -> RecurringResult:
-        """:meth:`rmqdelay.AsyncPublisher.add_recurring` against this publisher's journal."""
-        return RecurringMethods.add_recurring(self, name, destination, body, **options)  # type: ignore[arg-type]
-
-    async def pause_recurring(self, name: str) -> RecurringResult:
-        return RecurringMethods.pause_recurring(self, name)  # type: ignore[arg-type]
-
-    async def resume_recurring(self, name: str) -> RecurringResult:
-        return RecurringMethods.resume_recurring(self, name)  # type: ignore[arg-type]
-
-    async def remove_recurring(self, name: str) -> RecurringResult:
-        return RecurringMethods.remove_recurring(self, name)  # type: ignore[arg-type]
-
-    async def list_recurring(self) -> list[RecurringSchedule]:
-        return RecurringMethods.list_recurring(self)  # type: ignore[arg-type]
+    async def _run(self, flow: Flow[T]) -> T:
+        return self._carry_out(flow)

@@ -33,7 +33,7 @@ from rmqdelay import Context, Settings
 from rmqdelay.amqp.publisher import Publisher
 from rmqdelay.amqp.topology_manager import TopologyManager
 from rmqdelay.core.handling.retry import Backoff
-from rmqdelay.core.outgoing import PublishResult
+from rmqdelay.core.publishing.outgoing import PublishResult
 from rmqdelay.worker import Worker
 
 DESTINATION = "orders-timeout"

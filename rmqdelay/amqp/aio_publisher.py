@@ -1,5 +1,5 @@
-"""The asyncio publisher, on aio-pika. Thin: the checks and flows live in
-:mod:`..core.publisher_core`.
+"""The asyncio publisher, on aio-pika. Thin: its operations are declared in
+:mod:`..core.publishing.aio_api`, its checks and flows live in :mod:`..core.publishing`.
 
 Every wait has a deadline, and a dropped connection this publisher opened is reopened
 by the next publish (not by aio-pika's robust connection, which reconnects on its own
@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar, cast
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 from pamqp.commands import Basic
+from typing_extensions import Self
 
-from ..core.durations import DurationLike
-from ..core.journal.records import JournalRecord
-from ..core.journal.reschedule import RescheduleResult
 from ..core.journal.steps import Read
-from ..core.journal.view import CancelResult
-from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from ..core.publishing.aio_api import AbstractAsyncPublisher
+from ..core.publishing.outgoing import Outcome, Outgoing, Prepared, PublishResult
 from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Send, Step, Steps
 from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
 from . import aiormq_private
@@ -33,7 +30,6 @@ from .connections import connect_async
 from .journal import journal_step_async
 from .passive import queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
-from .recurring_api import AsyncRecurringMethods
 
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
 
@@ -94,15 +90,7 @@ async def send_encoded(
     )
 
 
-class AsyncPublisher(
-    PublisherSurface[
-        AbstractConnection,
-        Coroutine[Any, Any, PublishResult],
-        Coroutine[Any, Any, list[PublishResult]],
-        Coroutine[Any, Any, None],
-    ],
-    AsyncRecurringMethods,
-):
+class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublisher):
     """Publish delayed messages with confirms, from asyncio code.
 
     ``async with AsyncPublisher(settings) as publisher: await publisher.publish(...)``
@@ -114,14 +102,12 @@ class AsyncPublisher(
     _followers: dict[str, AsyncStream] | None = None
     _checkpointing: asyncio.Future[None] | None = None
 
-    async def connect(self) -> AsyncPublisher:
-        """Open the connection (unless given one) and the confirm channel."""
+    async def connect(self) -> Self:
         self._started = True
         await self._confirm_channel()
         return self
 
     async def close(self) -> None:
-        """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
         checkpointing, self._checkpointing = self._checkpointing, None
         if checkpointing is not None:
@@ -144,40 +130,6 @@ class AsyncPublisher(
             await asyncio.wait_for(closing, timeout if at_most is None else min(at_most, timeout))
         except (asyncio.TimeoutError, aiormq.exceptions.AMQPError, *_LOST):
             pass  # gone, or going: nothing more to wait for
-
-    async def __aenter__(self) -> AsyncPublisher:
-        return await self.connect()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    # ------------------------------------------------------------------ the journal
-
-    async def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
-        """:meth:`rmqdelay.Publisher.cancel`, from asyncio code."""
-        return await self._run(self._cancel_flow(message_ids, keys))
-
-    async def reschedule(
-        self,
-        id_or_key: str,
-        *,
-        delay: DurationLike | None = None,
-        at: datetime | None = None,
-    ) -> RescheduleResult:
-        """:meth:`rmqdelay.Publisher.reschedule`, from asyncio code."""
-        return await self._run(self._reschedule_flow(id_or_key, delay, at))
-
-    async def list_scheduled(
-        self,
-        *,
-        destination: str | None = None,
-        due_before: datetime | None = None,
-        limit: int | None = None,
-        progress: Callable[[int], None] | None = None,
-        key: str | None = None,
-    ) -> list[JournalRecord]:
-        """:meth:`rmqdelay.Publisher.list_scheduled`, from asyncio code."""
-        return await self._run(self._list_flow(destination, due_before, limit, progress, key))
 
     # ------------------------------------------------------------------ connection
 

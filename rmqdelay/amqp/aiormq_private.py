@@ -29,8 +29,8 @@ from typing import Any
 import aiormq
 from aiormq.abc import ChannelFrame
 
-from ..core.outgoing import Prepared
 from ..core.plan import Route
+from ..core.publishing.outgoing import Prepared
 from ..core.wire import encode_publish
 from .publishing import client_fast
 

@@ -2,7 +2,7 @@
 
 Both send a batch and report one outcome per message, as the core's factories word
 them (a return, a nack, a confirm timeout, a channel or connection lost); the core flow
-(:mod:`..core.publisher_core`) decides what follows. Neither raises for a lost connection:
+(:mod:`..core.publishing`) decides what follows. Neither raises for a lost connection:
 :attr:`lost` says why, and the channel is left.
 """
 
@@ -19,9 +19,9 @@ import pika.frame
 import pika.spec
 from pika.adapters.blocking_connection import BlockingChannel
 
-from ..core.outgoing import Outcome, Outgoing, Prepared, PublishResult
 from ..core.plan import Route
-from ..core.publisher_core import PublisherCore
+from ..core.publishing.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from ..core.publishing.publisher import PublisherCore
 from ..core.wire import encode_publish
 from . import pika_private
 

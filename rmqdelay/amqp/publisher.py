@@ -1,5 +1,5 @@
-"""The synchronous publisher, on pika. Thin: the checks and flows live in
-:mod:`..core.publisher_core`.
+"""The synchronous publisher, on pika. Thin: its operations are declared in
+:mod:`..core.publishing.api`, its checks and flows live in :mod:`..core.publishing`.
 
 pika's BlockingChannel waits one round trip per confirmed publish. To pipeline,
 this publisher tracks delivery tags itself (:mod:`.pika_confirms`): it sends a window
@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from typing import TypeVar
 
 import pika
+from typing_extensions import Self
 
-from ..core.durations import DurationLike
-from ..core.journal.records import JournalRecord
-from ..core.journal.reschedule import RescheduleResult
 from ..core.journal.steps import Append, Read
-from ..core.journal.view import CancelResult
-from ..core.outgoing import Outcome, Prepared, PublishResult
+from ..core.publishing.api import AbstractPublisher
+from ..core.publishing.outgoing import Outcome, Prepared
 from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
 from ..errors import ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
@@ -34,7 +31,6 @@ from .journal import append_records
 from .passive import queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
-from .recurring_api import RecurringMethods
 from .streams import BlockingStream, Readers
 
 __all__ = ["Publisher", "pika_properties"]
@@ -42,10 +38,7 @@ __all__ = ["Publisher", "pika_properties"]
 T = TypeVar("T")
 
 
-class Publisher(
-    PublisherSurface[pika.BlockingConnection, PublishResult, list[PublishResult], None],
-    RecurringMethods,
-):
+class Publisher(PublisherSurface[pika.BlockingConnection], AbstractPublisher):
     """Publish delayed messages with confirms, from synchronous code.
 
     ``with Publisher(settings) as publisher: publisher.publish("orders", body, delay="15m")``
@@ -55,14 +48,12 @@ class Publisher(
     _followers: dict[str, BlockingStream] | None = None
     _checkpointing: threading.Thread | None = None
 
-    def connect(self) -> Publisher:
-        """Open the connection (unless given one) and the confirm channel."""
+    def connect(self) -> Self:
         self._started = True
         self._confirm_channel()
         return self
 
     def close(self) -> None:
-        """Close the channel, and the connection if this publisher opened it; bounded."""
         self._started = False
         checkpointing, self._checkpointing = self._checkpointing, None
         if checkpointing is not None:
@@ -78,62 +69,6 @@ class Publisher(
             self._connection = None
         elif channel is not None:
             channel.close()
-
-    def __enter__(self) -> Publisher:
-        return self.connect()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # ------------------------------------------------------------------ the journal
-
-    def cancel(self, *message_ids: str, keys: Iterable[str] = ()) -> list[CancelResult]:
-        """Cancel scheduled messages: a confirmed tombstone in the schedule journal for
-        each id with a copy still ahead, naming every copy (an id sent again after a
-        failed confirm has one per due time). Each result says ``cancelled`` (with the
-        due time and ``copies``), ``unknown`` (no record) or ``too late`` (every copy due
-        already: it may have been delivered). A :class:`~rmqdelay.Worker` acks a
-        cancelled copy without calling its handler.
-        ``keys``: cancel the current message of each key too (its latest generation; the
-        key is free again); those results come after the ids', each naming its key.
-        """
-        return self._run(self._cancel_flow(message_ids, keys))
-
-    def reschedule(
-        self,
-        id_or_key: str,
-        *,
-        delay: DurationLike | None = None,
-        at: datetime | None = None,
-    ) -> RescheduleResult:
-        """Move a scheduled message to a new due time: ``delay`` from now, or ``at``.
-
-        ``id_or_key``: a message id, or a key (its current message). The result's
-        ``outcome`` is ``rescheduled``, or why not: ``handled``, ``cancelled``, ``due``
-        (already due: handled or on its way), ``ignored`` or ``replaced`` (a keyed
-        publish that lost its key), ``unknown`` (no record). A later time is one record
-        in the journal (a worker forwards the old copy when it comes out); an earlier one
-        publishes a fresh copy from the body in the journal, so it needs
-        ``journal_bodies`` (ConfigurationError otherwise). A worker handles the message
-        once, at the new time.
-        """
-        return self._run(self._reschedule_flow(id_or_key, delay, at))
-
-    def list_scheduled(
-        self,
-        *,
-        destination: str | None = None,
-        due_before: datetime | None = None,
-        limit: int | None = None,
-        progress: Callable[[int], None] | None = None,
-        key: str | None = None,
-    ) -> list[JournalRecord]:
-        """What the journal says is still ahead and not cancelled, soonest first (what was
-        published while the journal was on): a record per copy, so an id sent again with
-        another due time shows once for each. ``progress``, if given, is called with the
-        count of records read, every 1,000 (a long journal takes seconds). ``key``: only
-        the messages with this key."""
-        return self._run(self._list_flow(destination, due_before, limit, progress, key))
 
     # ------------------------------------------------------------------ connection
 

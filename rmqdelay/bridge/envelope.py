@@ -32,7 +32,7 @@ from typing import Any
 
 from ..core.clock import datetime_of_us, timedelta_of_ms, us_of_ms
 from ..core.durations import format_ms
-from ..core.templates import new_message_id
+from ..core.publishing.templates import new_message_id
 from ..core.wire import encode_properties
 from ..errors import InvalidMessageError
 

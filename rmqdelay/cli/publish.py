@@ -33,7 +33,7 @@ from .options import (
 from .output import err, print_json
 
 if TYPE_CHECKING:
-    from ..core.outgoing import ConflictChoice
+    from ..core.publishing.outgoing import ConflictChoice
     from ..settings import Settings
     from ..worker import Delivery, Settled
 

@@ -21,7 +21,7 @@ from ..errors import (
 from .journal.records import journal_name
 from .journal.reschedule import RescheduleResult
 from .layout import Layout
-from .outgoing import Outgoing
+from .publishing.outgoing import Outgoing
 
 __all__ = [
     "journal_missing",

@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from .journal.checkpoint import Mark
 from .journal.steps import Append, Read
-from .outgoing import Prepared
+from .publishing.outgoing import Prepared
 
 __all__ = [
     "RECONNECT_PAUSES",
@@ -48,7 +48,7 @@ class Send:
 
     batch: Sequence[Prepared]
     """Read in order as the messages go out: a batch's journal writes are made when
-    first read (:class:`~rmqdelay.core.outgoing.WithRecords`)."""
+    first read (:class:`~rmqdelay.core.publishing.outgoing.WithRecords`)."""
 
 
 @dataclass(frozen=True)

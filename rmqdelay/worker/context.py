@@ -17,7 +17,7 @@ from typing import Any
 from typing_extensions import Unpack
 
 from ..core import clock
-from ..core.outgoing import PublishOptions, PublishResult
+from ..core.publishing.outgoing import PublishOptions, PublishResult
 
 __all__ = ["Context"]
 

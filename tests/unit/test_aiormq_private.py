@@ -22,7 +22,7 @@ from pamqp.commands import Basic
 
 from rmqdelay import Settings
 from rmqdelay.amqp import aiormq_private
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.core.wire import encode_publish
 
 if sys.version_info >= (3, 11):

@@ -9,8 +9,8 @@ import pika.exceptions
 from rmqdelay import Settings
 from rmqdelay.amqp.aio_publisher import AsyncPublisher
 from rmqdelay.amqp.pika_confirms import _failed
-from rmqdelay.core.outgoing import Outgoing
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.outgoing import Outgoing
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.errors import PublisherClosedError, UnroutableError
 
 SETTINGS = Settings(max_delay="1h")

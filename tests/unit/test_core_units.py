@@ -14,8 +14,8 @@ from pydantic import BaseModel, ValidationError
 from rmqdelay import DelayError, InvalidBodyError, InvalidDestinationError, Settings, mask_url
 from rmqdelay.core.durations import format_ms, parse_duration_us
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers, encode_body
-from rmqdelay.core.outgoing import PublishResult, gather_results
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.outgoing import PublishResult, gather_results
+from rmqdelay.core.publishing.publisher import PublisherCore
 
 
 @pytest.mark.parametrize(

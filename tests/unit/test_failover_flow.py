@@ -14,8 +14,8 @@ from rmqdelay import (
     UnroutableError,
 )
 from rmqdelay.core.journal.steps import Read
-from rmqdelay.core.outgoing import Outcome, Prepared, PublishResult
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.outgoing import Outcome, Prepared, PublishResult
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.core.steps import CheckQueue, Failover, Send, Steps
 
 DEST = "orders"

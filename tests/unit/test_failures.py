@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rmqdelay import PublisherClosedError, Settings, UnroutableError
 from rmqdelay.core import failures
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.publisher import PublisherCore
 
 
 def test_a_missing_exchange_is_this_messages_only_when_the_broker_names_it() -> None:

@@ -25,15 +25,16 @@ from hypothesis import strategies as st
 from rmqdelay import Settings
 from rmqdelay.amqp.pika_confirms import _up_to
 from rmqdelay.amqp.publisher import pika_properties
-from rmqdelay.core import templates, wire
+from rmqdelay.core import wire
 from rmqdelay.core.journal.records import JournalRecord, encode_record, encode_scheduled
 from rmqdelay.core.layout import DIGITS, Layout
 from rmqdelay.core.messages import ATTEMPT, CARRIED, DESTINATION, DUE_AT, amqp_properties
-from rmqdelay.core.outgoing import Draft, Drafts, Prepared, PublishResult, WithRecords
 from rmqdelay.core.plan import digits_for, plan_delay, plan_route
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing import templates
+from rmqdelay.core.publishing.outgoing import Draft, Drafts, Prepared, PublishResult, WithRecords
+from rmqdelay.core.publishing.publisher import PublisherCore
+from rmqdelay.core.publishing.templates import PropertyTemplates, new_message_id
 from rmqdelay.core.steps import Send
-from rmqdelay.core.templates import PropertyTemplates, new_message_id
 from rmqdelay.errors import DelayError, InvalidMessageError
 
 CORE = PublisherCore(Settings(max_delay="2h").layout)

@@ -42,6 +42,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "pamqp",
         "pydantic_settings",
     ),
+    # the journal sits between a message (publishing.outgoing) and the publisher's flows
+    "rmqdelay.core.journal": tuple(
+        f"rmqdelay.core.publishing.{m}"
+        for m in ("publisher", "prepare", "sending", "api", "aio_api")
+    ),
     "rmqdelay.amqp": ("rmqdelay.worker", "rmqdelay.cli", "rmqdelay.dashboard", "rmqdelay.bridge"),
     "rmqdelay.worker": ("rmqdelay.cli", "rmqdelay.dashboard", "rmqdelay.bridge"),
     "rmqdelay.bridge": ("rmqdelay.cli", "rmqdelay.dashboard"),

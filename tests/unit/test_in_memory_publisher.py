@@ -1,7 +1,7 @@
 """The in-memory publisher runs the publishers' flows: each branch of them, with no broker.
 
 What it records and raises is what :class:`~rmqdelay.Publisher` would (the same
-:class:`~rmqdelay.core.publisher_core.PublisherCore`); these tests drive the flows'
+:class:`~rmqdelay.core.publishing.publisher.PublisherCore`); these tests drive the flows'
 branches through it: failover, a batch that partly fails, the journal on and off, a
 message confirmed whose journal record was not.
 """

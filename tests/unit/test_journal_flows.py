@@ -31,8 +31,8 @@ from rmqdelay.core.journal.steps import (
     stream_offset,
 )
 from rmqdelay.core.layout import Layout
-from rmqdelay.core.outgoing import Outcome, PublishResult
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.outgoing import Outcome, PublishResult
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.core.steps import CheckQueue, Send, Steps
 from rmqdelay.errors import JournalError
 

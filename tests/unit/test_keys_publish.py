@@ -15,8 +15,8 @@ from rmqdelay.core import clock
 from rmqdelay.core.journal.key_flows import KeyFollower, keyed_line
 from rmqdelay.core.journal.records import JournalRecord, encode_records
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, KEY, amqp_properties
-from rmqdelay.core.publisher_core import PublisherCore
-from rmqdelay.core.templates import PropertyTemplates, plain_carried
+from rmqdelay.core.publishing.publisher import PublisherCore
+from rmqdelay.core.publishing.templates import PropertyTemplates, plain_carried
 from rmqdelay.core.wire import encode_properties
 from rmqdelay.testing import InMemoryPublisher
 

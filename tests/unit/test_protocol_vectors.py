@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from rmqdelay import DelayError, InvalidDestinationError, build_topology
 from rmqdelay.core.layout import Layout
 from rmqdelay.core.plan import DelayPlan
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.publisher import PublisherCore
 from tests.helpers import protocol_port
 from tests.helpers.topic_routing import walk
 

@@ -25,8 +25,8 @@ from rmqdelay import InvalidBodyError, InvalidDestinationError, InvalidMessageEr
 from rmqdelay.amqp.aio_publisher import EncodedProperties
 from rmqdelay.amqp.publisher import pika_properties
 from rmqdelay.core.messages import CARRIED, DESTINATION, DUE_AT
-from rmqdelay.core.outgoing import Prepared
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.outgoing import Prepared
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.core.wire import FRAME_MAX, MAX_PROPERTIES_BYTES, encode_properties
 from rmqdelay.errors import RmqDelayError
 

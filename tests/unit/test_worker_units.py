@@ -38,7 +38,7 @@ from rmqdelay.core.handling.retry import (
     decide,
 )
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
-from rmqdelay.core.publisher_core import PublisherCore
+from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.worker import Worker, WorkerError
 from rmqdelay.worker.context import Context
 from rmqdelay.worker.logs import StructuredFormatter

@@ -1,7 +1,7 @@
 """The schedule journal's calls as flows, written once for every adapter: ``scheduled
 list``, ``cancel``, a probe, a raw read.
 
-As a publish is (:mod:`..outgoing`), a journal call is a generator that yields the only
+As a publish is (:mod:`..publishing.outgoing`), a journal call is a generator that yields the only
 two things needing a broker, :class:`~.steps.Append` (append, confirmed) and
 :class:`~.steps.Read` (consume a stream until told to stop), and gets their answers back.
 What to read, when to stop, the cancel plan, the filters and every error are here; the

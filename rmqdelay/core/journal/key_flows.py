@@ -21,7 +21,7 @@ from ...errors import JournalError
 from ..clock import now_ms
 from ..failures import journal_missing
 from ..layout import Layout
-from ..outgoing import Prepared, PublishResult
+from ..publishing.outgoing import Prepared, PublishResult
 from ..steps import Flow
 from .checkpoint import Pointer
 from .generations import Generation, Loser

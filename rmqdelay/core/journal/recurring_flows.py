@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from ...errors import RecurringError
 from ..clock import datetime_of_ms, ms_of_datetime, now_ms
 from ..durations import DurationLike, format_ms
-from ..outgoing import PublishOptions
-from ..publisher_core import PublisherCore
+from ..publishing.outgoing import PublishOptions, PublishResult
 from ..routing import validate_destination
 from .reading import append, load, load_ids, require_journal
 from .records import JournalRecord
@@ -36,7 +35,7 @@ from .view import ScheduleView, plan_cancels
 __all__ = ["add", "listed", "occurrence_options", "switch"]
 
 Clock = Callable[[], int]
-AnyFlow = Generator[Any, Any, Any]
+RecurringFlow = Generator[Any, Any, RecurringResult]
 
 
 def _read(
@@ -84,8 +83,22 @@ def occurrence_options(
     )
 
 
+class Publishes(Protocol):
+    """What :func:`add` needs of a publisher's core (:mod:`..publishing.publisher`,
+    which builds this flow: a Protocol, not an import, so the two do not import each
+    other)."""
+
+    layout: Any
+
+    def prepare(self, *args: Any, **kwargs: Any) -> object: ...
+
+    def publish(
+        self, destination: str, body: object, options: PublishOptions
+    ) -> Generator[Any, Any, PublishResult]: ...
+
+
 def add(
-    core: PublisherCore,
+    core: Publishes,
     name: str,
     destination: str,
     body: object,
@@ -98,7 +111,7 @@ def add(
     properties: Mapping[str, Any] | None = None,
     timeout: float = 30.0,
     clock: Clock = now_ms,
-) -> AnyFlow:
+) -> RecurringFlow:
     """Add a schedule and publish its first occurrence; ``exists`` when one of that name
     is there with the same rule and destination (its chain is started again if nothing
     of it is pending); a RecurringError when one is there with another."""
@@ -157,7 +170,7 @@ def switch(
     *,
     timeout: float = 30.0,
     clock: Clock = now_ms,
-) -> AnyFlow:
+) -> RecurringFlow:
     """``pause``, ``resume`` or ``remove`` a schedule; ``remove`` also cancels its
     pending occurrence. ``unknown`` when the journal knows of no such schedule (or, but
     for a second ``remove``, of none that was not removed)."""

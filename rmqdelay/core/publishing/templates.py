@@ -10,7 +10,7 @@ import os
 from collections import deque
 from typing import Any, cast
 
-from .messages import (
+from ..messages import (
     ATTEMPT,
     CARRIED,
     DESTINATION,
@@ -19,7 +19,7 @@ from .messages import (
     MessageProperties,
     amqp_properties,
 )
-from .wire import SHORTSTR_MAX, encode_properties
+from ..wire import SHORTSTR_MAX, encode_properties
 
 __all__ = ["REMEMBERED", "PropertyTemplates", "new_message_id", "plain_carried"]
 

@@ -3,7 +3,7 @@
 :class:`PublishOptions` are ``publish``'s keywords; :class:`Prepared` a message checked
 and encoded, not yet routed; :class:`Outgoing` the same with its route planned right
 before it goes out; :class:`PublishResult` what a confirm gives back. The flows that move
-a message through these stages are in :mod:`.publisher_core`, their steps in
+a message through these stages are in :mod:`.publisher`, their steps in
 :mod:`.steps`.
 """
 
@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, overload
 
-from ..errors import BatchPublishError, PublishError
-from .clock import datetime_of_ms, iso_of_ms, ms_of_us
-from .durations import DurationLike
-from .frozen import make
-from .journal.records import JournalRecord
-from .messages import DESTINATION, DUE_AT, MessageProperties
-from .plan import DelayPlan
+from ...errors import BatchPublishError, PublishError
+from ..clock import datetime_of_ms, iso_of_ms, ms_of_us
+from ..durations import DurationLike
+from ..frozen import make
+from ..journal.records import JournalRecord
+from ..messages import DESTINATION, DUE_AT, MessageProperties
+from ..plan import DelayPlan
 
 __all__ = [
     "ConflictChoice",
@@ -350,7 +350,7 @@ def gather_results(
     """Return a batch's results in order, or raise BatchPublishError naming the failures.
 
     ``outcomes[k]`` belongs to ``prepared[order[k]]`` when the batch went out in
-    ``order`` (see :meth:`~rmqdelay.core.publisher_core.PublisherCore.send_order`).
+    ``order`` (see :meth:`~rmqdelay.core.publishing.sending.Sending.send_order`).
     """
     if order is not None:
         restored: list[Outcome] = list(outcomes)
