@@ -25,7 +25,7 @@ from ..core.journal.view import CancelResult
 from ..core.outgoing import PublishOptions
 from ..core.publisher_core import PublisherCore
 from ..core.steps import RECONNECT_PAUSES, Flow
-from ..settings_light import BrokerSettings, mask_url
+from ..settings import Settings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
 
 __all__ = ["CLIENT_FAST_ENV", "FAILOVER_CLOSE_S", "PublisherSurface", "client_fast"]
@@ -60,7 +60,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
 
     def __init__(
         self,
-        settings: BrokerSettings | None = None,
+        settings: Settings | None = None,
         *,
         connection: ConnT | None = None,
         window: int = 1000,
@@ -68,11 +68,7 @@ class PublisherSurface(Generic[ConnT, OneT, ManyT, NoneT]):
         """``connection``: publish on it and leave it to its owner, who reopens it if it
         drops; by default the publisher opens its own and reopens it itself.
         ``window``: how many confirms a batch may wait for at a time."""
-        if settings is None:
-            from ..settings import Settings  # here: rmqdelay publish passes light settings
-
-            settings = Settings()
-        self.settings: BrokerSettings = settings
+        self.settings: Settings = Settings() if settings is None else settings
         self.core = PublisherCore(self.settings.layout, journal_bodies=self.settings.journal_bodies)
         self.core.read_back_timeout = self.settings.confirm_timeout
         self._connection = connection

@@ -20,7 +20,7 @@ from ..core.messages import MessageProperties
 
 if TYPE_CHECKING:
     from ..core.publisher_core import PublisherCore
-    from ..settings_light import BrokerSettings
+    from ..settings import Settings
 
 __all__ = ["AsyncRecurringMethods", "RecurringFlows", "RecurringMethods"]
 
@@ -32,7 +32,7 @@ class RecurringFlows:
         core: PublisherCore
 
         @property
-        def settings(self) -> BrokerSettings: ...
+        def settings(self) -> Settings: ...
 
         def _run(self, flow: Any) -> Any: ...
 

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from ..settings import Settings
-    from ..settings_light import LightSettings
 
 __all__ = [
     "Argument",
@@ -44,7 +43,6 @@ __all__ = [
     "epilog",
     "err",
     "friendly_errors",
-    "light_settings_from",
     "management_url_option",
     "out",
     "settings_from",
@@ -175,16 +173,6 @@ def settings_from(
     from ..settings import load_settings
 
     return load_settings(config, url=",".join(url) if url else None, prefix=prefix, **extra)
-
-
-def light_settings_from(
-    url: Sequence[str], prefix: str | None, config: Path | None
-) -> LightSettings | Settings:
-    """The same settings as :func:`settings_from`, read without pydantic when they are
-    plain (``rmqdelay publish``: start-up time); any error is the model's, word for word."""
-    from ..settings_light import load_light_settings
-
-    return load_light_settings(config, url=",".join(url) if url else None, prefix=prefix)
 
 
 def _validation_text(exc: ValidationError) -> str:

@@ -22,7 +22,6 @@ from .options import (
     epilog,
     err,
     friendly_errors,
-    light_settings_from,
     settings_from,
     usage_error,
 )
@@ -133,7 +132,7 @@ def publish(
     due_at = _parse_at(at) if at is not None else None
     headers = _parse_headers(header)
     payload = read_body(body, as_json)
-    settings = light_settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 
     with Publisher(settings) as publisher:

@@ -27,7 +27,6 @@ from .options import (
     epilog,
     err,
     friendly_errors,
-    light_settings_from,
     out,
     settings_from,
     usage_error,
@@ -142,7 +141,7 @@ def scheduled_list(
     from .schedule_rows import json_lines, numbered, print_table, write_lines
 
     before = _due_before(due_before)
-    settings = light_settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`scheduled list`")
     progress = _ReadProgress(shown=not as_json)
     try:

@@ -41,7 +41,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rmqdelay.amqp": ("rmqdelay.worker", "rmqdelay.cli", "rmqdelay.dashboard"),
     "rmqdelay.worker": ("rmqdelay.cli", "rmqdelay.dashboard"),
     "rmqdelay.settings": ("rmqdelay.dashboard",),
-    "rmqdelay.settings_light": ("rmqdelay.dashboard",),
     "rmqdelay.errors": ("rmqdelay.dashboard",),
     "rmqdelay.testing": ("rmqdelay.dashboard",),
 }
