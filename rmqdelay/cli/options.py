@@ -10,7 +10,7 @@ see :func:`usage_error`), 1 when something was refused or failed after that (set
 values, the broker, a timeout), 130 on Ctrl-C. Never a traceback for a user's input.
 
 Start-up time: this module and every command module import only click at import time.
-The settings, the broker clients, pydantic and rich are imported inside the commands
+The settings, the broker clients and rich are imported inside the commands
 that use them.
 """
 
@@ -28,7 +28,6 @@ from click.exceptions import Exit
 from ..errors import RmqDelayError
 
 if TYPE_CHECKING:
-    from pydantic import ValidationError
     from rich.console import Console
 
     from ..settings import Settings
@@ -175,14 +174,6 @@ def settings_from(
     return load_settings(config, url=",".join(url) if url else None, prefix=prefix, **extra)
 
 
-def _validation_text(exc: ValidationError) -> str:
-    lines = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "settings"
-        lines.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
-    return "invalid settings: " + "; ".join(lines)
-
-
 def _broker_errors() -> tuple[type[BaseException], ...]:
     """The broker clients' errors, of those clients already imported (an exception of a
     client that was never imported cannot have been raised)."""
@@ -200,11 +191,6 @@ def _broker_errors() -> tuple[type[BaseException], ...]:
 
 def _error_text(exc: Exception) -> str | None:
     """The one line to print for an error a user or the broker caused; None for a bug."""
-    if "pydantic_core" in sys.modules:
-        from pydantic_core import ValidationError
-
-        if isinstance(exc, ValidationError):
-            return _validation_text(exc)
     if isinstance(exc, (RmqDelayError, OSError, ValueError)):
         return str(exc) or type(exc).__name__
     if isinstance(exc, _broker_errors()):

@@ -329,22 +329,23 @@ def _default(name: str) -> Any:
 
 def _environment() -> dict[str, Any]:
     """The ``RMQDELAY_*`` variables of settings, names in any case; a list's is JSON."""
+    variables = {key.lower(): value for key, value in os.environ.items()}
     found: dict[str, Any] = {}
-    for key, value in os.environ.items():
-        name = key.lower().removeprefix("rmqdelay_")
-        if name == key.lower() or name not in _FIELDS:
+    for name, spec in _FIELDS.items():  # in order: the first list that is not JSON is named
+        value = variables.get(f"rmqdelay_{name}")
+        if value is None:
             continue
-        if _FIELDS[name].default_factory is list:
-            try:
-                found[name] = json.loads(value)
-            except json.JSONDecodeError:
-                variable = f"RMQDELAY_{name.upper()}"
-                raise ConfigurationError(
-                    f"cannot read {variable}: a list in the environment is written as JSON, "
-                    f'e.g. {variable}=\'["first", "second"]\''
-                ) from None
-        else:
+        if spec.default_factory is not list:
             found[name] = value
+            continue
+        try:
+            found[name] = json.loads(value)
+        except json.JSONDecodeError:
+            variable = f"RMQDELAY_{name.upper()}"
+            raise ConfigurationError(
+                f"cannot read {variable}: a list in the environment is written as JSON, "
+                f'e.g. {variable}=\'["first", "second"]\''
+            ) from None
     return found
 
 
