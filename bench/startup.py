@@ -5,7 +5,7 @@ Times, in fresh processes, each command of ``COMMANDS``: ``python -c 'import pik
 ``rmqdelay --help`` and one real ``rmqdelay publish DEST BODY --delay 10s`` against
 ``--url`` (default ``BENCH_AMQP_URL``, else ``RMQDELAY_URL``, else the local broker).
 Two rows without rmqdelay's code show what its libraries cost on their own: importing
-click, pika and pydantic-settings, and the floor of any publish command built on them
+click and pika, and the floor of any publish command built on them
 (those imports, a connection, one confirmed publish, the close: ``FLOOR``).
 The issue's reference for ``rmqdelay publish`` is a raw pika script (``PIKA_SCRIPT``:
 ``import pika``, connect, one confirmed publish, close), measured in the same rounds:
@@ -60,12 +60,12 @@ class Command:
     needs_broker: bool = False
 
 
-#: The floor of any ``publish`` command on rmqdelay's libraries (the guide's: pika, click,
-#: pydantic-settings): import them, connect, publish one persistent message with confirms
+#: The floor of any ``publish`` command on rmqdelay's libraries (pika and click; the
+#: settings are plain Python): import them, connect, publish one persistent message with confirms
 #: into the destination's work queue, close. No rmqdelay code: what no CLI can go under.
 FLOOR = """\
 import os, sys
-import click, pika, pydantic_settings
+import click, pika
 connection = pika.BlockingConnection(pika.URLParameters(os.environ["RMQDELAY_URL"]))
 channel = connection.channel()
 channel.confirm_delivery()
@@ -94,7 +94,7 @@ def commands(python: str, rmqdelay: str, work_queue: str = "") -> list[Command]:
         Command("reference", [python, "-c", "import pika"]),
         Command("import", [python, "-c", "import rmqdelay"]),
         Command("help", [rmqdelay, "--help"]),
-        Command("libraries", [python, "-c", "import click, pika, pydantic_settings"]),
+        Command("libraries", [python, "-c", "import click, pika"]),
         Command("floor", [python, "-c", FLOOR, work_queue], needs_broker=True),
         Command("pika_script", [python, "-c", PIKA_SCRIPT, work_queue], needs_broker=True),
         Command(
@@ -107,7 +107,7 @@ def commands(python: str, rmqdelay: str, work_queue: str = "") -> list[Command]:
 
 def _shown(command: Command) -> str:
     if command.name == "floor":
-        return "python -c '<import click, pika, pydantic_settings; connect; publish; close>'"
+        return "python -c '<import click, pika; connect; publish; close>'"
     if command.name == "pika_script":
         return "python -c '<import pika; connect; one confirmed publish; close>'"
     return " ".join(

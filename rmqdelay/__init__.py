@@ -1,7 +1,7 @@
 """rmqdelay: exact, plugin-free delayed delivery on RabbitMQ, at least once.
 
 The public names are imported lazily, on first use: ``import rmqdelay`` stays cheap (no
-aio-pika, no worker, no pydantic-settings) so that the ``rmqdelay`` command starts fast.
+aio-pika, no worker, no pydantic) so that the ``rmqdelay`` command starts fast.
 ``from rmqdelay import Publisher`` imports what ``Publisher`` needs and nothing else.
 """
 

@@ -1,7 +1,7 @@
 """The docs site's generated parts, and the MkDocs hooks that put them in (mkdocs.yml).
 
 The reference pages are made from the code so that they cannot drift: the settings table
-from the ``Settings`` model (:func:`settings_fields`, the one function that reads it), the
+from the ``Settings`` dataclass (:func:`settings_fields`, the one function that reads it), the
 map of the packages from each module's opening docstring (:func:`module_map`), the CLI
 by mkdocs-click from the click group itself (every command loaded first, as
 :func:`cli_commands` walks them). The Performance page is ``docs/performance.md``, whose
@@ -24,26 +24,6 @@ SETTINGS_MARK = "<!-- settings-reference -->"
 MODULES_MARK = "<!-- module-map -->"
 API_MARK = "<!-- api-reference -->"
 
-# Fields whose code has no docstring yet: the words the README's table said of them. A
-# docstring on the field, or a Field(description=...), takes their place.
-_MEANING = {
-    "prefix": "prefix of every exchange and queue",
-    "radix": "2 to 16; more tiers, fewer hops",
-    "positions": "the number of digit positions, instead of `max_delay`",
-    "max_delay": "the longest delay accepted (366 days when neither it nor `positions` is"
-    " set); sets the positions",
-    "named_tiers": 'one-hop tiers, e.g. `["15m", "1h"]` (a JSON list in the environment)',
-    "queue_type": "`quorum` or `classic`",
-    "delivery_limit": "quorum work queues park a message redelivered more often",
-    "destinations": "destinations that `topology` commands always include",
-    "max_destination_length": "longest destination name, in bytes",
-    "confirm_timeout": "seconds to wait for a publisher confirm",
-    "connection_name": "shown in the management UI, suffixed by role",
-    "tls_cert_file": "a client certificate, when the broker asks for one (with `tls_key_file`)",
-    "dashboard_port": "the port `rmqdelay dashboard` listens on",
-    "dashboard_user": "HTTP basic authentication's user, with `dashboard_password`",
-}
-
 
 @dataclass(frozen=True)
 class SettingDoc:
@@ -60,41 +40,37 @@ def _markdown(docstring: str) -> str:
     return text.replace("``", "`")
 
 
-def _toml(value: Any, annotation: str) -> str:
-    """A default as a TOML file would write it."""
+def _toml(name: str, value: Any) -> str:
+    """A default as a TOML file would write it (durations are kept in ms, sizes in bytes)."""
+    from rmqdelay.core.durations import format_ms
+
     if isinstance(value, bool):
         return str(value).lower()
-    if annotation == "Bytes" and isinstance(value, int) and value % 2**30 == 0:
+    if name == "journal_retention" and isinstance(value, int) and value % 2**30 == 0:
         return f"{value // 2**30}GiB"
+    if name == "resolution" and isinstance(value, int):
+        return format_ms(value)
     return str(value)
 
 
 def settings_fields() -> list[SettingDoc]:
-    """Every field of ``rmqdelay.settings.Settings``: its name, environment variable, type
-    as written, default and description (Field description, else its docstring)."""
+    """Every field of ``rmqdelay.settings.Settings`` (a dataclass, each field declared
+    once with its reader and description): its name, environment variable, type as
+    written, default and description."""
+    import dataclasses
+
     from rmqdelay.settings import Settings
 
-    source = PACKAGE / "settings.py"
-    [cls] = [
-        node
-        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8")))
-        if isinstance(node, ast.ClassDef) and node.name == Settings.__name__
-    ]
-    written: dict[str, tuple[str, str]] = {}  # name -> (annotation, docstring)
-    for node, after in zip(cls.body, [*cls.body[1:], None], strict=True):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            doc = ""
-            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
-                doc = str(after.value.value)
-            written[node.target.id] = (ast.unparse(node.annotation), doc)
-    prefix = str(Settings.model_config.get("env_prefix", ""))
     rows = []
-    for name, field in Settings.model_fields.items():
-        annotation, doc = written.get(name, (str(field.annotation), ""))
-        default: Any = field.get_default(call_default_factory=True)
-        shown = "none" if default is None else f"`{_toml(default, annotation)}`"
-        description = field.description or _markdown(doc) or _MEANING.get(name, "")
-        rows.append(SettingDoc(name, f"{prefix}{name}".upper(), annotation, shown, description))
+    for field in dataclasses.fields(Settings):
+        default: Any = [] if field.default_factory is list else field.default
+        shown = "none" if default is None else f"`{_toml(field.name, default)}`"
+        description = _markdown(str(field.metadata.get("description", "")))
+        rows.append(
+            SettingDoc(
+                field.name, f"RMQDELAY_{field.name.upper()}", str(field.type), shown, description
+            )
+        )
     return rows
 
 

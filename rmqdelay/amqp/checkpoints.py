@@ -11,7 +11,7 @@ from ..core.clock import now_ms
 from ..core.journal.checkpoint import Mark
 from ..core.journal.writer import Written, write
 from ..core.steps import Checkpoint
-from ..settings_light import BrokerSettings
+from ..settings import Settings
 from .journal import read_once
 
 __all__ = ["CHECKPOINT_READ_TIMEOUT_S", "checkpoint_aside", "write_checkpoint"]
@@ -23,7 +23,7 @@ CHECKPOINT_READ_TIMEOUT_S = 60.0
 
 
 def write_checkpoint(
-    settings: BrokerSettings,
+    settings: Settings,
     *,
     writer: str,
     due: Callable[[Mark | None], bool] = lambda _mark: True,
@@ -34,7 +34,7 @@ def write_checkpoint(
     return read_once(settings, flow, name="checkpoint")
 
 
-def checkpoint_aside(settings: BrokerSettings, step: Checkpoint) -> None:
+def checkpoint_aside(settings: Settings, step: Checkpoint) -> None:
     """A publisher's :class:`~rmqdelay.core.steps.Checkpoint`, in the thread it runs it
     on: written, or the reason it was not logged (the publish it followed stands)."""
     try:

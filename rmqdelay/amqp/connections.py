@@ -40,7 +40,7 @@ from pika.adapters.utils.connection_workflow import (
 )
 
 from ..errors import ConnectionFailedError
-from ..settings_light import BrokerSettings, mask_url
+from ..settings import Settings, mask_url
 from .tls import ssl_context
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ that timed out, say) are not :class:`pika.exceptions.AMQPError`."""
 _ADDRESSES: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
-def candidate_urls(settings: BrokerSettings, last: Collection[str] = ()) -> list[str]:
+def candidate_urls(settings: Settings, last: Collection[str] = ()) -> list[str]:
     """The addresses to try, in order: as given, or shuffled afresh at each connect;
     those in ``last`` (a node that stopped confirming) after all the others."""
     urls = settings.urls
@@ -141,7 +141,7 @@ def _broker_reply(exc: BaseException) -> tuple[int | None, str]:
 
 
 def connection_failure(
-    exc: BaseException, address: str, settings: BrokerSettings
+    exc: BaseException, address: str, settings: Settings
 ) -> ConnectionFailedError:
     """Say why connecting to ``address`` failed, for pika's and aiormq's errors alike.
 
@@ -259,7 +259,7 @@ def _redact(text: str, address: str) -> str:
 
 
 def _all_failed(
-    failures: list[tuple[str, ConnectionFailedError]], settings: BrokerSettings
+    failures: list[tuple[str, ConnectionFailedError]], settings: Settings
 ) -> ConnectionFailedError:
     """One error for several addresses: permanent as soon as one of them says so."""
     for _address, failure in failures:
@@ -275,7 +275,7 @@ def _all_failed(
 
 
 def _pika_params(
-    settings: BrokerSettings,
+    settings: Settings,
     address: str,
     role: str,
     context: ssl.SSLContext | None,
@@ -293,7 +293,7 @@ def _pika_params(
 
 
 def connect_blocking(
-    settings: BrokerSettings,
+    settings: Settings,
     role: str,
     *,
     last: Collection[str] = (),
@@ -321,7 +321,7 @@ def connect_blocking(
     raise _all_failed(failures, settings) from None
 
 
-def _refusal_reason(settings: BrokerSettings, address: str) -> ConnectionFailedError | None:
+def _refusal_reason(settings: Settings, address: str) -> ConnectionFailedError | None:
     """Ask again with pika why the broker closed the connection as it opened the vhost.
 
     aiormq reports that close as an ``InvalidFrameError`` without the broker's reply;
@@ -345,7 +345,7 @@ def _refusal_reason(settings: BrokerSettings, address: str) -> ConnectionFailedE
 
 
 async def connect_async(
-    settings: BrokerSettings,
+    settings: Settings,
     role: str,
     *,
     robust: bool = False,

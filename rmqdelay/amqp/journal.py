@@ -30,7 +30,7 @@ from ..core.journal.records import JournalRecord
 from ..core.journal.steps import Append, JournalStep, Read, ReadEnd, Start, StreamMessage
 from ..core.layout import Layout
 from ..core.steps import Steps
-from ..settings_light import BrokerSettings
+from ..settings import Settings
 from .aio_streams import AsyncStream
 from .blocking import close_connection
 from .connections import connect_blocking
@@ -83,7 +83,7 @@ def run_journal(
         readers.close()
 
 
-def read_once(settings: BrokerSettings, flow: JournalFlow[T], *, name: str = "journal") -> T:
+def read_once(settings: Settings, flow: JournalFlow[T], *, name: str = "journal") -> T:
     """Carry out a flow that ends by reading the journal (``scheduled list``, ``cancel``)
     on one connection of its own, its appends and its reads alike (a publisher's
     connection and a reader's second one cost a command a handshake more); closed

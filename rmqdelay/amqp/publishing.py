@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 from ..core.publishing.publisher import PublisherCore
 from ..core.steps import RECONNECT_PAUSES
-from ..settings_light import BrokerSettings, mask_url
+from ..settings import Settings, mask_url
 from .connections import CONNECT_TIMEOUT_S, address_of
 
 __all__ = ["CLIENT_FAST_ENV", "FAILOVER_CLOSE_S", "PublisherSurface", "client_fast"]
@@ -41,7 +41,7 @@ class PublisherSurface(Generic[ConnT]):
 
     def __init__(
         self,
-        settings: BrokerSettings | None = None,
+        settings: Settings | None = None,
         *,
         connection: ConnT | None = None,
         window: int = 1000,
@@ -49,11 +49,7 @@ class PublisherSurface(Generic[ConnT]):
         """``connection``: publish on it and leave it to its owner, who reopens it if it
         drops; by default the publisher opens its own and reopens it itself.
         ``window``: how many confirms a batch may wait for at a time."""
-        if settings is None:
-            from ..settings import Settings  # here: rmqdelay publish passes light settings
-
-            settings = Settings()
-        self.settings: BrokerSettings = settings
+        self.settings: Settings = Settings() if settings is None else settings
         self.core = PublisherCore(
             self.settings.layout,
             journal_bodies=self.settings.journal_bodies,

@@ -9,12 +9,12 @@ from urllib.parse import urlsplit
 from ..errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from ..settings_light import BrokerSettings
+    from ..settings import Settings
 
 __all__ = ["ssl_context"]
 
 
-def ssl_context(settings: BrokerSettings) -> ssl.SSLContext | None:
+def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     """A verifying context for an ``amqps://`` URL, or None for plain ``amqp://``."""
     if urlsplit(settings.urls[0]).scheme != "amqps":  # the settings: one scheme for all
         return None

@@ -10,7 +10,7 @@ see :func:`usage_error`), 1 when something was refused or failed after that (set
 values, the broker, a timeout), 130 on Ctrl-C. Never a traceback for a user's input.
 
 Start-up time: this module and every command module import only click at import time.
-The settings, the broker clients, pydantic and rich are imported inside the commands
+The settings, the broker clients and rich are imported inside the commands
 that use them.
 """
 
@@ -31,10 +31,7 @@ from .output import JSON_LINES, JSON_OBJECT, err
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from pydantic import ValidationError
-
     from ..settings import Settings
-    from ..settings_light import LightSettings
 
 __all__ = [
     "Alias",
@@ -50,7 +47,6 @@ __all__ = [
     "epilog",
     "friendly_errors",
     "json_option",
-    "light_settings_from",
     "management_url_option",
     "settings_from",
     "time_value",
@@ -245,24 +241,6 @@ def settings_from(
     return load_settings(config, url=",".join(url) if url else None, prefix=prefix, **extra)
 
 
-def light_settings_from(
-    url: Sequence[str], prefix: str | None, config: Path | None
-) -> LightSettings | Settings:
-    """The same settings as :func:`settings_from`, read without pydantic when they are
-    plain (``rmqdelay publish``: start-up time); any error is the model's, word for word."""
-    from ..settings_light import load_light_settings
-
-    return load_light_settings(config, url=",".join(url) if url else None, prefix=prefix)
-
-
-def _validation_text(exc: ValidationError) -> str:
-    lines = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "settings"
-        lines.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
-    return "invalid settings: " + "; ".join(lines)
-
-
 def _broker_errors() -> tuple[type[BaseException], ...]:
     """The broker clients' errors, of those clients already imported (an exception of a
     client that was never imported cannot have been raised)."""
@@ -280,11 +258,6 @@ def _broker_errors() -> tuple[type[BaseException], ...]:
 
 def _error_text(exc: Exception) -> str | None:
     """The one line to print for an error a user or the broker caused; None for a bug."""
-    if "pydantic_core" in sys.modules:
-        from pydantic_core import ValidationError
-
-        if isinstance(exc, ValidationError):
-            return _validation_text(exc)
     if isinstance(exc, (RmqDelayError, OSError, ValueError)):
         return str(exc) or type(exc).__name__
     if isinstance(exc, _broker_errors()):

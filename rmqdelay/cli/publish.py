@@ -25,7 +25,6 @@ from .options import (
     epilog,
     friendly_errors,
     json_option,
-    light_settings_from,
     settings_from,
     time_value,
     usage_error,
@@ -156,7 +155,7 @@ def publish(
     due_at = time_value(at)
     headers = _parse_headers(header)
     payload, content_type = read_body(body, content_type)
-    settings = light_settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher
 
     with Publisher(settings) as publisher:

@@ -28,7 +28,6 @@ from .options import (
     epilog,
     friendly_errors,
     json_option,
-    light_settings_from,
     settings_from,
     time_value,
     usage_error,
@@ -124,7 +123,7 @@ def scheduled_list(
             before = parse_time_or_duration(due_before, "--due-before")
         except DelayError as exc:
             raise usage_error(str(exc)) from None
-    settings = light_settings_from(url, prefix, config)
+    settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`scheduled list`")
     progress = _ReadProgress(shown=not as_json)
     try:

@@ -12,8 +12,7 @@ from typing import Any
 
 from ..core.journal.records import journal_name
 from ..core.status import ParkedBreakdown, PastDueWatch, Status, StuckTier, stuck_tiers
-from ..settings import Settings
-from ..settings_light import mask_url
+from ..settings import Settings, mask_url
 
 __all__ = ["Broker", "WorkerHealth", "broker_facts", "worker_health"]
 

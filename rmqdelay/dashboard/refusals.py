@@ -12,8 +12,7 @@ import urllib.error
 from urllib.parse import unquote, urlsplit
 
 from ..errors import AccessRefusedError, RmqDelayError
-from ..settings import Settings
-from ..settings_light import mask_url
+from ..settings import Settings, mask_url
 
 __all__ = ["explain", "explain_text", "is_refusal", "scrub"]
 

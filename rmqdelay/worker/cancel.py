@@ -26,7 +26,7 @@ from ..core.journal.records import JournalRecord
 from ..core.journal.steps import Start, stream_offset
 from ..core.journal.tombstones import Tombstones
 from ..errors import TopologyError, WorkerError
-from ..settings_light import BrokerSettings
+from ..settings import Settings
 from .checkpoints import Checkpointer
 from .delivery import Delivery
 from .hooks import WorkerHook
@@ -66,7 +66,7 @@ class CancelFilter(WorkerHook):
     journal live. Losing the journal's channel ends the session: cancels would go unseen.
     """
 
-    def __init__(self, settings: BrokerSettings) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.layout = settings.layout
         self.read_timeout = settings.confirm_timeout

@@ -26,7 +26,7 @@ from ..core.clock import now_ms
 from ..core.journal.checkpoint import HEARTBEAT_MS, Mark, Pointer, due_by_tail
 from ..core.journal.reading import latest
 from ..core.journal.writer import Written, heartbeat
-from ..settings_light import BrokerSettings
+from ..settings import Settings
 
 if TYPE_CHECKING:
     from aio_pika.abc import AbstractConnection
@@ -48,7 +48,7 @@ def writer_name() -> str:
 class Checkpointer:
     """Writes checkpoints when due, from a task alongside the worker's tail."""
 
-    def __init__(self, settings: BrokerSettings) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.layout = settings.layout
         self.name = writer_name()

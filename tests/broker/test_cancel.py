@@ -332,7 +332,7 @@ async def test_a_message_in_its_retry_wait_is_rescheduled(
     from the body the worker's retry record holds): attempt 2 runs once, at the new
     time, never at the retry's own."""
     dest = shared_topology.dest(DEST)
-    settings = shared_topology.settings([dest]).model_copy(update={"journal_bodies": True})
+    settings = shared_topology.settings([dest]).replace(journal_bodies=True)
     worker = _FailsOnce(settings, dest, max_attempts=3, backoff=Backoff.schedule([wait]))
     calls = worker.calls
     async with AsyncPublisher(settings) as publisher, worker.app.running(concurrency=2):

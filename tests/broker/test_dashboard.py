@@ -349,11 +349,7 @@ def test_each_action_is_reported_back_in_words(shared_topology: TestTopology) ->
     park(settings, dest, f"parked-{ids[1]}")
     port = _metrics_port()
     with TestClient(
-        create_app(
-            settings.model_copy(
-                update={"dashboard_worker_metrics": [f"http://127.0.0.1:{port}/metrics"]}
-            )
-        )
+        create_app(settings.replace(dashboard_worker_metrics=[f"http://127.0.0.1:{port}/metrics"]))
     ) as client:
         token = _csrf(client, "/parked")
 

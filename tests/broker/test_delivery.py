@@ -240,7 +240,7 @@ def test_conflicting_delivery_limit_names_object_argument_and_values(
     rmq = Settings(url=amqp_url, prefix=prefix, max_delay="1m", queue_type="quorum")
     with TopologyManager(rmq) as manager:
         manager.apply(["orders"])
-    changed = rmq.model_copy(update={"delivery_limit": 3})
+    changed = rmq.replace(delivery_limit=3)
     with TopologyManager(changed) as manager:
         with pytest.raises(TopologyConflictError) as info:
             manager.apply(["orders"])
@@ -271,7 +271,7 @@ def test_existing_queue_with_other_arguments_stops_apply(
 
 def test_conflicting_queue_type(rmq: Settings) -> None:
     other = "classic" if rmq.queue_type == "quorum" else "quorum"
-    changed = rmq.model_copy(update={"queue_type": other})
+    changed = rmq.replace(queue_type=other)
     with TopologyManager(changed) as manager, pytest.raises(TopologyConflictError, match="x-q"):
         manager.apply()
 
@@ -322,7 +322,7 @@ async def test_limited_user_publishes_and_consumes_without_configure(
     user, password = f"{prefix}-user", "s3cret-pw"
     admin.add_user(user, password, configure="^$", write=".*", read=".*")
     host = rmq.url.get_secret_value().split("@", 1)[1]
-    limited = rmq.model_copy(update={"url": SecretUrl(f"amqp://{user}:{password}@{host}")})
+    limited = rmq.replace(url=SecretUrl(f"amqp://{user}:{password}@{host}"))
     with TopologyManager(limited) as manager:
         assert manager.verify([orders]) == []
     async with (

@@ -131,7 +131,7 @@ async def test_a_tail_catches_up_then_follows_new_records(settings: Settings) ->
 
 
 def test_reading_with_the_journal_off_names_the_setting(settings: Settings) -> None:
-    off = settings.model_copy(update={"schedule_journal": False})
+    off = settings.replace(schedule_journal=False)
     with pytest.raises(ConfigurationError, match="schedule_journal"):
         _run(off, flows.read(off.layout))
 

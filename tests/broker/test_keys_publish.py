@@ -97,7 +97,7 @@ def test_a_lost_reader_reads_on_from_its_offset(shared_topology: TestTopology) -
 
 def test_keys_need_the_journal_and_a_choice(shared_topology: TestTopology) -> None:
     dest = shared_topology.dest("keyerr")
-    off = shared_topology.settings([dest]).model_copy(update={"schedule_journal": False})
+    off = shared_topology.settings([dest]).replace(schedule_journal=False)
     with Publisher(off) as publisher, pytest.raises(ConfigurationError, match="schedule journal"):
         publisher.publish(dest, b"x", delay="1m", key="k", on_conflict="ignore")
     with (
@@ -132,7 +132,7 @@ def test_reschedule_earlier_sends_a_fresh_copy_later_only_a_record(
     shared_topology: TestTopology,
 ) -> None:
     dest = shared_topology.dest("resched")
-    settings = shared_topology.settings([dest]).model_copy(update={"journal_bodies": True})
+    settings = shared_topology.settings([dest]).replace(journal_bodies=True)
     key = _key(shared_topology, "resched")
     with Publisher(settings) as publisher:
         first = publisher.publish(dest, b"body", delay="10m", key=key, on_conflict="ignore")

@@ -166,7 +166,7 @@ async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
     async def handle(msg: Any, ctx: Context) -> None:
         handled(ctx)
 
-    bodies = settings.model_copy(update={"journal_bodies": True})
+    bodies = settings.replace(journal_bodies=True)
     t0 = now_ms()
     later = {f"{prefix}-later-{i}": t0 + LEAD_MS + 5 * i for i in range(MOVED)}
     earlier = {f"{prefix}-earlier-{i}": t0 + LEAD_MS + 15_000 + 5 * i for i in range(MOVED)}
@@ -259,7 +259,7 @@ async def test_a_worker_without_the_journal_handles_every_keyed_copy_and_says_so
 ) -> None:
     """Where "at most one" stops: only a worker that reads the journal can tell."""
     dest, settings, _apps, handled, _ = _workers(shared_topology, "blind", 1)
-    blind = settings.model_copy(update={"schedule_journal": False})
+    blind = settings.replace(schedule_journal=False)
     blind_app = Worker(blind)
 
     @blind_app.handler(dest)

@@ -8,7 +8,7 @@ from rmqdelay import Settings, TopologyConflictError, TopologyManager
 
 
 def _settings(amqp_url: str, prefix: str, **extra: object) -> Settings:
-    return Settings(url=amqp_url, prefix=prefix, max_delay="10s", **extra)  # type: ignore[arg-type]
+    return Settings(url=amqp_url, prefix=prefix, max_delay="10s", **extra)
 
 
 def test_a_topology_declared_without_placement_is_kept_and_named(

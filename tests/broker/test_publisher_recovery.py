@@ -132,7 +132,7 @@ def through(settings: Settings, proxy: SilentProxy, confirm_timeout: float = 1.0
     parts = urlsplit(settings.url.get_secret_value())
     netloc = f"{parts.netloc.rsplit('@', 1)[0]}@127.0.0.1:{proxy.port}"
     url = urlunsplit(parts._replace(netloc=netloc))
-    return settings.model_copy(update={"url": SecretUrl(url), "confirm_timeout": confirm_timeout})
+    return settings.replace(url=SecretUrl(url), confirm_timeout=confirm_timeout)
 
 
 # ---------------------------------------------------------------- inputs that hung
@@ -322,7 +322,7 @@ def _frozen_first(settings: Settings, proxy: SilentProxy) -> Settings:
     as a node cut off from its cluster's majority does), then direct."""
     proxied = through(settings, proxy).url.get_secret_value()
     both = SecretUrl(f"{proxied},{settings.url.get_secret_value()}")
-    return settings.model_copy(update={"url": both, "confirm_timeout": 1.0})
+    return settings.replace(url=both, confirm_timeout=1.0)
 
 
 def test_sync_publisher_sends_again_on_another_node_what_got_no_confirm(

@@ -204,7 +204,7 @@ def test_several_urls_each_with_its_own_password_never_show(
     settings = Settings(url=urls, management_url=closed, prefix=prefix, max_delay="1h")
     sync = error_of(lambda: connect_blocking(settings, "test"))
     assert "refused the login" in str(sync)
-    hidden(sync, repr(sync), settings, settings.model_dump_json())
+    hidden(sync, repr(sync), settings, settings.to_json())
 
     env = rmqdelay_env(",".join(urls), prefix, max_delay="1h", management_url=closed)
     for args in (

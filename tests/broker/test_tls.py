@@ -132,7 +132,7 @@ async def test_publish_and_topology_over_amqps(
     )
     with TopologyManager(settings) as manager:
         manager.apply(["secure"])
-    plain = settings.model_copy(update={"url": SecretUrl(amqp_url)})
+    plain = settings.replace(url=SecretUrl(amqp_url))
     async with Collector(plain.url.get_secret_value(), work_queue(plain, "secure")) as collector:
         with Publisher(settings) as publisher:
             publisher.publish("secure", b"sync over tls", delay=0.05)

@@ -393,9 +393,7 @@ async def test_connection_loss_reconnects_and_finishes_every_message(
 ) -> None:
     worker_case = shared_topology.worker(connection_name=f"{shared_topology.prefix}-w")
     dest, settings, app, calls = worker_case
-    publish_settings = settings.model_copy(
-        update={"connection_name": f"{shared_topology.prefix}-p"}
-    )
+    publish_settings = settings.replace(connection_name=f"{shared_topology.prefix}-p")
     total = 40
 
     @app.handler(dest)

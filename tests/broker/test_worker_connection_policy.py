@@ -95,7 +95,7 @@ async def test_no_read_permission_on_the_work_queue_names_queue_and_permission(
     user, secret = f"{prefix}-noread", uuid.uuid4().hex
     # may read everything but its work queue; may write (the journal marker, retries)
     admin.add_user(user, secret, "^$", ".*", "^(?!" + queue.replace(".", r"\.") + "$).*")
-    limited = settings.model_copy(update={"url": SecretUrl(with_login(amqp_url, user, secret))})
+    limited = settings.replace(url=SecretUrl(with_login(amqp_url, user, secret)))
     message, took = await start_fails(limited, dest)
     assert f"no read permission on work queue {queue!r}" in message, message
     assert took < 15

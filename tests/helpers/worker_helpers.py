@@ -63,7 +63,8 @@ class SharedTopology:
         """
         options: dict[str, Any] = {"max_delay": "1h", "connection_name": connection_name, **extra}
         settings = Settings(url=self.amqp_url, prefix=self.prefix, **options)
-        shape = settings.model_dump(exclude={"url", "prefix", "connection_name", "delivery_limit"})
+        ignored = {"url", "prefix", "connection_name", "delivery_limit"}
+        shape = {k: v for k, v in settings.as_dict().items() if k not in ignored}
         key = tuple(sorted((k, repr(v)) for k, v in shape.items()))
         if key not in self._prefixes:
             n = len(self._prefixes)

@@ -9,13 +9,14 @@ from fractions import Fraction
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from rmqdelay import DelayError, InvalidBodyError, InvalidDestinationError, Settings, mask_url
 from rmqdelay.core.durations import format_ms, parse_duration_us
 from rmqdelay.core.messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers, encode_body
 from rmqdelay.core.publishing.outgoing import PublishResult, gather_results
 from rmqdelay.core.publishing.publisher import PublisherCore
+from rmqdelay.settings import SettingsError
 
 
 @pytest.mark.parametrize(
@@ -96,8 +97,8 @@ def test_format_ms_examples() -> None:
     ],
 )
 def test_settings_that_cannot_work_say_why(kwargs: dict[str, object], message: str) -> None:
-    with pytest.raises(ValidationError, match=message):
-        Settings(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(SettingsError, match=message):
+        Settings(**kwargs)
 
 
 def test_default_settings_cover_a_year_and_mask_the_password() -> None:

@@ -141,7 +141,7 @@ def test_topology_arguments_for_quorum() -> None:
     assert [q.name for q in topology.queues if q.role == "checkpoints"] == [
         "rmqdelay.schedule.checkpoints"
     ]
-    without = build_topology(config.model_copy(update={"schedule_journal": False}).layout, [])
+    without = build_topology(config.replace(schedule_journal=False).layout, [])
     assert not [q for q in without.queues if q.role in ("journal", "checkpoints")]
 
 

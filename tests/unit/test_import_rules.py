@@ -51,7 +51,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "rmqdelay.worker": ("rmqdelay.cli", "rmqdelay.dashboard", "rmqdelay.bridge"),
     "rmqdelay.bridge": ("rmqdelay.cli", "rmqdelay.dashboard"),
     "rmqdelay.settings": ("rmqdelay.dashboard", "rmqdelay.bridge"),
-    "rmqdelay.settings_light": ("rmqdelay.dashboard", "rmqdelay.bridge"),
     "rmqdelay.errors": ("rmqdelay.dashboard", "rmqdelay.bridge"),
     "rmqdelay.testing": ("rmqdelay.dashboard", "rmqdelay.bridge"),
     "rmqdelay.dashboard": ("rmqdelay.cli", "rmqdelay.bridge"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 
 from rmqdelay import Settings
 from rmqdelay.amqp.management import (
@@ -12,6 +11,7 @@ from rmqdelay.amqp.management import (
     management_locations,
     same_cluster,
 )
+from rmqdelay.settings import SettingsError
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_setting_is_checked_and_masked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RMQDELAY_MANAGEMENT_URL", raising=False)
     assert Settings().management_url is None
     assert Settings(management_url="").management_url is None
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(SettingsError) as info:
         Settings(management_url="amqp://u:secretpw@h:5672")
     message = info.value.errors()[0]["msg"]
     assert "http(s)://host:port" in message and "secretpw" not in message

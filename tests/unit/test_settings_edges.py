@@ -6,16 +6,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from rmqdelay import DelayError
 from rmqdelay.core.plan import check_max_delay
+from rmqdelay.settings import SettingsError
 from tests.unit.conftest import Load
 
 
 def test_a_bad_field_does_not_print_the_password_of_the_url(load: Load) -> None:
     secret = uuid.uuid4().hex
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(SettingsError) as info:
         load(url=f"amqp://u:{secret}@h/", radix=99)
     assert "radix must be from 2 to 16" in str(info.value)
     assert secret not in str(info.value) and secret not in repr(info.value)
@@ -23,19 +23,19 @@ def test_a_bad_field_does_not_print_the_password_of_the_url(load: Load) -> None:
 
 @pytest.mark.parametrize("url", ["not a url", "http://foo", "amqp:///nohost"])
 def test_a_url_that_is_not_amqp_is_refused_naming_the_form(url: str, load: Load) -> None:
-    with pytest.raises(ValidationError, match=r"is not an AMQP URL: give amqp://"):
+    with pytest.raises(SettingsError, match=r"is not an AMQP URL: give amqp://"):
         load(url=url)
 
 
 def test_every_url_of_a_list_is_checked_and_shown_masked(load: Load) -> None:
     secret = uuid.uuid4().hex
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(SettingsError) as info:
         load(url=f"amqp://g:{secret}@h:5999/,http://g:{secret}@h/")
     assert "http://g:***@h/" in str(info.value) and secret not in str(info.value)
 
 
 def test_a_prefix_with_dots_is_refused(load: Load) -> None:
-    with pytest.raises(ValidationError, match="no dots"):
+    with pytest.raises(SettingsError, match="no dots"):
         load(prefix="a.b")
 
 

@@ -6,9 +6,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 from rmqdelay import ConfigurationError
+from rmqdelay.settings import SettingsError
 from tests.unit.conftest import Load
 
 
@@ -24,7 +24,7 @@ from tests.unit.conftest import Load
 )
 def test_a_bad_port_is_refused_when_read_and_masked(field: str, url: str, load: Load) -> None:
     secret = uuid.uuid4().hex
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(SettingsError) as info:
         load(**{field: url.format(s=secret)})
     assert f"{field} " in str(
         info.value
@@ -35,7 +35,7 @@ def test_a_bad_port_is_refused_when_read_and_masked(field: str, url: str, load: 
 @pytest.mark.parametrize("field", ["tls_ca_file", "tls_cert_file", "tls_key_file"])
 def test_a_missing_tls_file_is_named(field: str, tmp_path: Path, load: Load) -> None:
     missing = tmp_path / "nowhere.pem"
-    with pytest.raises(ValidationError, match=rf"{field} '{missing}' is not a file"):
+    with pytest.raises(SettingsError, match=rf"{field} '{missing}' is not a file"):
         load(**{field: missing})
     present = tmp_path / "here.pem"
     present.write_text("")

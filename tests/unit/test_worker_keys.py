@@ -33,7 +33,7 @@ class ReadBack:
 
 
 def _filter(silent: bool = False, timeout: float = 2.0) -> tuple[KeyFilter, ReadBack]:
-    cancels = CancelFilter(SETTINGS.model_copy(update={"confirm_timeout": timeout}))
+    cancels = CancelFilter(SETTINGS.replace(confirm_timeout=timeout))
     keys = KeyFilter(LAYOUT, timeout, cancels)
     writer = ReadBack(keys, silent)
     keys._writer = writer  # type: ignore[assignment]

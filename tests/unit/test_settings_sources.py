@@ -1,13 +1,18 @@
-"""The light loader of ``rmqdelay publish`` against the model's: the same sources, the same
-precedence, the same values and the same errors, for any mix of flags, environment and
-TOML file (hypothesis), and it is light where it can be."""
+"""The one settings loader: its sources (flags, ``RMQDELAY_*``, a TOML file, the defaults),
+their precedence, and the words of its errors, for any mix of them (hypothesis).
+
+The loader was checked, value for value and error for error, against the pydantic-settings
+model it replaced; the wording of a wrong type or range is pinned below.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -16,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.settings import Settings, load_settings, reveal
-from rmqdelay.settings_light import LightSettings, load_light_settings
+from rmqdelay.errors import ConfigurationError
+from rmqdelay.settings import Settings, SettingsError, load_settings, reveal
 
 # values a user may give each setting, right and wrong, as text (flags, environment)
 TEXT: dict[str, list[str]] = {
@@ -105,19 +110,14 @@ def _outcome(load: Any, config: Path | None, flags: dict[str, Any]) -> Any:
         return exc
 
 
-def _values(loaded: Settings | LightSettings) -> dict[str, Any]:
-    fields = {
-        name: getattr(loaded, name)
-        for name in LightSettings.__dataclass_fields__
-        if name not in ("url", "management_url")
-    }
-    fields["named_tiers"] = list(fields["named_tiers"])
-    fields["destinations"] = list(fields["destinations"])
-    fields["urls"] = loaded.urls
-    fields["management_urls"] = loaded.management_urls
-    fields["masked_url"] = loaded.masked_url
-    fields["layout"] = loaded.layout
-    return fields
+def _values(loaded: Settings) -> dict[str, Any]:
+    found = {f.name: getattr(loaded, f.name) for f in fields(Settings)}
+    found.update(url=reveal(loaded.url), masked_url=loaded.masked_url, layout=loaded.layout)
+    found.update(urls=loaded.urls, management_urls=loaded.management_urls)
+    return found
+
+
+LISTS = {"named_tiers", "destinations", "dashboard_worker_metrics"}
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -127,52 +127,97 @@ def _values(loaded: Settings | LightSettings) -> dict[str, Any]:
     flags=_choices({"url": TEXT["url"], "prefix": TEXT["prefix"]}),
     env_case=st.sampled_from([str.upper, str.lower]),
 )
-def test_the_light_loader_gives_what_the_model_gives(
+def test_each_setting_is_read_from_its_highest_source_alike(
     env: dict[str, str], toml: dict[str, Any] | None, flags: dict[str, Any], env_case: Any
 ) -> None:
+    """Flags over the environment over the file over the defaults; a value reads the same
+    from any source (a list in the environment is JSON), and so does its error."""
     environment = {env_case("RMQDELAY_" + k): v for k, v in env.items()}
     with tempfile.TemporaryDirectory() as folder, _environment(environment):
         config = None
         if toml is not None:
             config = Path(folder) / "rmqdelay.toml"
             config.write_text(_toml_text(toml))
-        model = _outcome(load_settings, config, flags)
-        light = _outcome(load_light_settings, config, flags)
-    if isinstance(model, Exception):
-        assert type(light) is type(model) and str(light) == str(model)
+        loaded = _outcome(load_settings, config, flags)
+    try:
+        from_env = {k: json.loads(v) if k in LISTS else v for k, v in env.items()}
+    except json.JSONDecodeError:
+        assert isinstance(loaded, ConfigurationError), loaded
+        assert "a list in the environment is written as JSON" in str(loaded)
+        return
+    with _environment({}):
+        expected = _outcome(
+            lambda _, **given: Settings(**given), None, {**(toml or {}), **from_env, **flags}
+        )
+    if isinstance(expected, Exception):
+        assert type(loaded) is type(expected) and str(loaded) == str(expected)
     else:
-        assert not isinstance(light, Exception), light
-        assert _values(light) == _values(model)
+        assert not isinstance(loaded, Exception), loaded
+        assert _values(loaded) == _values(expected)
 
 
-def test_plain_settings_are_read_light_from_every_source(tmp_path: Path) -> None:
+def test_plain_settings_are_read_from_every_source(tmp_path: Path) -> None:
     config = tmp_path / "rmqdelay.toml"
     config.write_text('prefix = "from-file"\nradix = 4\nresolution = "100ms"\nurl = "amqp://f/"\n')
     env = {"RMQDELAY_PREFIX": "from-env", "RMQDELAY_SCHEDULE_JOURNAL": "false"}
     with _environment(env):
-        light = load_light_settings(config, url="amqp://u:secret@flag:5672/%2F")
-        model = load_settings(config, url="amqp://u:secret@flag:5672/%2F")
-    assert isinstance(light, LightSettings)
+        loaded = load_settings(config, url="amqp://u:secret@flag:5672/%2F")
     # flags over the environment over the file over the defaults
-    assert (light.urls, light.prefix, light.radix) == (
+    assert (loaded.urls, loaded.prefix, loaded.radix) == (
         ["amqp://u:secret@flag:5672/%2F"],
         "from-env",
         4,
     )
-    assert (light.resolution, light.schedule_journal, light.queue_type) == (100, False, "quorum")
-    assert _values(light) == _values(model)
-    assert reveal(model.url) == light.url
-    assert "secret" not in repr(light) and "secret" not in light.masked_url
+    assert (loaded.resolution, loaded.schedule_journal, loaded.queue_type) == (100, False, "quorum")
+    assert "secret" not in repr(loaded) and "secret" not in loaded.masked_url
 
 
 @pytest.mark.parametrize(
-    ("env", "flags"),
+    ("given", "said"),
     [
-        ({"RMQDELAY_NAMED_TIERS": '["15m"]'}, {}),  # a list: the model reads it
-        ({}, {"url": ["amqp://h1", "amqp://h2"]}),
-        ({"RMQDELAY_URL": "amqp://a", "rmqdelay_url": "amqp://b"}, {}),  # two spellings
+        (
+            {"radix": "x"},
+            "radix: Input should be a valid integer, unable to parse string as an integer",
+        ),
+        (
+            {"radix": 4.5},
+            "radix: Input should be a valid integer, got a number with a fractional part",
+        ),
+        ({"url_order": "random"}, "url_order: Input should be 'ordered' or 'shuffled'"),
+        (
+            {"queue_leader_locator": "x"},
+            "queue_leader_locator: Input should be 'balanced', 'client-local' or 'none'",
+        ),
+        ({"delivery_limit": "0"}, "delivery_limit: Input should be greater than or equal to 1"),
+        ({"confirm_timeout": "0"}, "confirm_timeout: Input should be greater than 0"),
+        (
+            {"confirm_timeout": "fast"},
+            "confirm_timeout: Input should be a valid number, unable to parse string as a number",
+        ),
+        ({"dashboard_port": 70000}, "dashboard_port: Input should be less than or equal to 65535"),
+        (
+            {"schedule_journal": "maybe"},
+            "schedule_journal: Input should be a valid boolean, unable to interpret input",
+        ),
+        ({"destinations": "a"}, "destinations: Input should be a valid list"),
+        ({"named_tiers": ["1s", "x"]}, "named_tiers.1: cannot read duration 'x'"),
+        ({"prefix": 5}, "prefix: Input should be a valid string"),
+        ({"bogus": 1}, "bogus: Extra inputs are not permitted"),
+        ({"dashboard_user": "ops"}, "settings: dashboard_user and dashboard_password go together"),
     ],
 )
-def test_what_is_not_plain_is_read_by_the_model(env: dict[str, str], flags: dict[str, Any]) -> None:
-    with _environment(env):
-        assert isinstance(load_light_settings(**flags), Settings)
+def test_a_wrong_value_is_refused_in_the_words_users_know(given: dict[str, Any], said: str) -> None:
+    with _environment({}), pytest.raises(SettingsError) as info:
+        Settings(**given)
+    assert str(info.value).startswith("invalid settings: ") and said in str(info.value)
+    where = ".".join(map(str, info.value.errors()[0]["loc"])) or "settings"
+    assert where == said.split(": ")[0]
+
+
+def test_every_setting_is_declared_once_with_a_description() -> None:
+    """The settings reference is generated from these fields."""
+    declared = fields(Settings)
+    assert len(declared) == 31
+    assert all(len(f.metadata["description"]) > 10 for f in declared)
+    with _environment({}):
+        assert Settings().as_dict().keys() == {f.name for f in declared}
