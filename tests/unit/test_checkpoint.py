@@ -419,8 +419,38 @@ def test_a_writer_merges_the_previous_checkpoint_with_the_tail_part_by_part(
     assert sorted(map(repr, writer.core_entries())) == sorted(map(repr, model.core_entries()))
 
 
+def _settled_then_recorded_again(again_due: int, *, lost: bool = False) -> Journal:
+    """A keyed message replaced (or, ``lost``, ignored), a tombstone naming a later copy
+    of it, its key's generations all settled at the checkpoint; after it, that copy (or
+    a later one) recorded again. The tombstone keeps the id known past the checkpoint,
+    so the key book must keep what it knows of the id too."""
+    at = T0 + 21 * MIN // 2
+
+    def publish(message_id: str, on_conflict: Any, written: int) -> JournalRecord:
+        return JournalRecord(
+            "scheduled",
+            message_id,
+            "a",
+            T0,
+            key="k0",
+            on_conflict=on_conflict,
+            recorded_at_ms=T0 + written * MIN // 2,
+        )
+
+    tombstone = JournalRecord("cancelled", "m1/k0", "a", due(1), recorded_at_ms=T0 - 18 * MIN)
+    if lost:
+        before = [publish("m0/k0", "ignore", -40), publish("m1/k0", "ignore", -36), tombstone]
+    else:
+        before = [publish("m1/k0", None, -40), tombstone, publish("m0/k0", "replace", -3)]
+    again = replace(publish("m1/k0", None, 11), due_at_ms=again_due)
+    return Journal([*before, again], {3: at}, at)
+
+
 @SETTINGS
 @given(timely_journals())
+@example(_settled_then_recorded_again(due(1))).via("a worker's verdict: replaced, not claim")
+@example(_settled_then_recorded_again(due(11))).via("pending: hidden as replaced")
+@example(_settled_then_recorded_again(due(11), lost=True)).via("pending: hidden as ignored")
 def test_forgetting_what_is_settled_changes_no_answer_about_what_is_relevant(
     journal: Journal,
 ) -> None:

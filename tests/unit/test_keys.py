@@ -413,3 +413,34 @@ def test_a_generation_is_kept_while_a_later_copy_of_it_may_come() -> None:
     assert "m" in book.by_id
     verdict = book.verdict("m", 40 * minute, "k", redelivered=False, now_ms=40 * minute)
     assert verdict.action == "claim"
+
+
+def test_the_view_keeps_what_the_key_book_knows_of_an_id_a_tombstone_still_names() -> None:
+    """A replaced (or ignored) id whose later copy a tombstone names: the view keeps the
+    tombstone past the id's settled generation, so the journal may speak of that copy
+    again; the key book must still know the id then, or the copy recorded again would
+    start a new generation and be handled (tests/unit/test_checkpoint.py's examples)."""
+    minute = 60_000
+    view = ScheduleView().extend(
+        [
+            keyed("old", 10 * minute, 0, mode=None),
+            JournalRecord("cancelled", "old", "dest", 11 * minute, recorded_at_ms=minute),
+            keyed("new", 10 * minute, 2 * minute, mode="replace"),
+            keyed("late", 10 * minute, 3 * minute),  # lost to new
+            JournalRecord("cancelled", "late", "dest", 11 * minute, recorded_at_ms=4 * minute),
+        ]
+    )
+    view.expire(21 * minute, margin_ms=10 * minute)  # every copy settled, the tombstones not
+    assert set(view.cancelled) == {"old", "late"}
+    statuses = {i: view.keys.status(i, 21 * minute) for i in ("old", "late")}
+    assert statuses == {"old": "replaced", "late": "ignored"}
+    view.add(keyed("old", 21 * minute, 16 * minute, mode=None, attempt=2))
+    view.add(keyed("late", 21 * minute, 16 * minute, mode=None, attempt=2))
+    for message_id, reason in (("old", "replaced"), ("late", "ignored")):
+        verdict = view.keys.verdict(
+            message_id, 21 * minute, "k", redelivered=False, now_ms=21 * minute
+        )
+        assert (verdict.action, verdict.reason) == ("drop", reason)
+    assert view.pending(16 * minute) == []
+    view.expire(32 * minute, margin_ms=10 * minute)  # the tombstones and copies settled
+    assert view.cancelled == {} and view.keys.by_id == {} and view.keys.generations == {}

@@ -286,16 +286,20 @@ class KeyBook:
 
     # ------------------------------------------------------------------ memory
 
-    def expire(self, now_ms: int, margin_ms: int = CANCEL_MARGIN_MS) -> int:
+    def expire(
+        self, now_ms: int, margin_ms: int = CANCEL_MARGIN_MS, named: Container[str] = ()
+    ) -> int:
         """Forget what can no longer matter: generations and losers whose due time plus
         ``margin_ms`` has passed (a key's last generation is kept while it may be
         pending for a record written with a slow clock), and moves of such ids.
-        Returns how many ids were forgotten."""
+        ``named``: ids a tombstone still names a copy of (the view's); their entries are
+        kept, since that copy may be recorded again, and a replaced or ignored id must
+        not come back as a new generation. Returns how many ids were forgotten."""
         cutoff = now_ms - margin_ms
         forgotten = 0
         for key, history in list(self.generations.items()):
-            keep = [g for g in history[:-1] if g.settles_ms >= cutoff]
-            if history[-1].settles_ms >= cutoff or keep:
+            keep = [g for g in history if g.settles_ms >= cutoff or g.message_id in named]
+            if keep and keep[-1] is not history[-1]:
                 keep.append(history[-1])
             for generation in history:
                 if generation not in keep:
@@ -307,7 +311,7 @@ class KeyBook:
             else:
                 del self.generations[key]
         for message_id, entry in list(self.by_id.items()):
-            if isinstance(entry, Loser) and entry.due_ms < cutoff:
+            if isinstance(entry, Loser) and entry.due_ms < cutoff and message_id not in named:
                 del self.by_id[message_id]
                 forgotten += 1
         for message_id, move in list(self.moves.items()):

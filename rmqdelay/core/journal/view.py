@@ -173,7 +173,7 @@ class ScheduleView:
             dues.difference_update([due for due in dues if due < cutoff])
             if not dues:
                 del self.cancelled[message_id]
-        self.keys.expire(now_ms, margin_ms)
+        self.keys.expire(now_ms, margin_ms, self.cancelled)
 
     def hidden(self, record: JournalRecord) -> bool:
         """Whether a keyed copy will not be handled: it lost to a pending message with its
