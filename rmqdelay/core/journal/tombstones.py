@@ -22,10 +22,6 @@ def _dues(value: int | tuple[int, ...]) -> tuple[int, ...]:
     return (value,) if isinstance(value, int) else value
 
 
-_SCHEDULED_KIND = b'"k":"scheduled"'
-_LOOKUP_MAX = 16
-
-
 @dataclass
 class Tombstones:
     """The cancelled copies a worker honours, each until its due time plus a margin.
