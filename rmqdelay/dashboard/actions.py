@@ -19,7 +19,7 @@ from ..core.clock import iso_of_ms, now_ms
 from ..core.journal.recurring import RecurringResult
 from ..settings import Settings
 
-__all__ = ["Job", "Jobs", "Outcome", "cancel", "reschedule", "switch_recurring"]
+__all__ = ["Job", "Jobs", "Outcome", "cancel", "reschedule", "switch_recurring", "which"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,9 @@ class Job:
     outcome: Outcome | None = None
     started: float = field(default_factory=time.monotonic)
 
+    def progress(self, seen: int) -> None:
+        self.seen = seen
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -145,12 +148,8 @@ async def replay_parked(
 
     async with ParkedQueue(settings) as parked:
         job.total = await parked.count()
-
-        def seen(n: int) -> None:
-            job.seen = n
-
         report = await parked.replay(
-            destination, delay=timedelta(0), progress=seen, message_id=message_id
+            destination, delay=timedelta(0), progress=job.progress, message_id=message_id
         )
     from .refusals import explain_text
 
@@ -175,11 +174,13 @@ async def purge_parked(
 
     async with ParkedQueue(settings) as parked:
         job.total = await parked.count()
+        count = await parked.purge(destination, message_id=message_id, progress=job.progress)
+    said = f"purged {count} parked message(s){which(destination, message_id)}"
+    return Outcome(True, said, {"purged": count})
 
-        def seen(n: int) -> None:
-            job.seen = n
 
-        count = await parked.purge(destination, message_id=message_id, progress=seen)
-    which = f" of {destination!r}" if destination else ""
-    which += f" with id {message_id!r}" if message_id else ""
-    return Outcome(True, f"purged {count} parked message(s){which}", {"purged": count})
+def which(destination: str | None, message_id: str | None) -> str:
+    """The parked messages a replay or a purge takes, as its words say them."""
+    return (f" of {destination!r}" if destination else "") + (
+        f" with id {message_id!r}" if message_id else ""
+    )

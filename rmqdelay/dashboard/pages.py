@@ -7,13 +7,17 @@ copy's place, opaque to its users (:mod:`.store` answers the questions).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
+from ..core.clock import ms_of_datetime
+from ..core.durations import parse_time_or_duration
 from ..core.journal.records import JournalRecord
 
 __all__ = [
     "BUCKETS",
+    "PAGE_SIZES",
     "CursorError",
     "Order",
     "Page",
@@ -22,6 +26,8 @@ __all__ = [
     "cursor",
     "parse_cursor",
     "place",
+    "query_of",
+    "time_ms",
 ]
 
 Order = Literal["soonest", "newest"]
@@ -36,6 +42,9 @@ BUCKETS: tuple[tuple[str, int | None], ...] = (
 )
 """The due-time chart's buckets, each up to its span from now (a month is 30 days);
 each counts what falls due after the previous bucket's end, so they add up to all."""
+
+PAGE_SIZES = (20, 50, 100, 500)
+"""The page sizes the Scheduled page offers."""
 
 Place = tuple[int, str] | tuple[int, str, int]
 """A copy's place in an order: (due, id) soonest first; (-published, id, due) newest."""
@@ -70,6 +79,38 @@ class PageQuery:
         answers, and so a page shown before the store is read (:mod:`.schedule`)."""
         filters = (self.destination, self.key, self.message_id, self.due_from_ms, self.due_to_ms)
         return self.order == "soonest" and self.after is None and filters == (None,) * 5
+
+
+def time_ms(text: str | None, what: str) -> int | None:
+    """An ISO 8601 time with a timezone, or a duration from now (10m), in Unix ms: read
+    as ``scheduled list --due-before`` reads it; ValueError naming the field."""
+    return None if text is None else ms_of_datetime(parse_time_or_duration(text, what))
+
+
+def query_of(params: Mapping[str, str]) -> PageQuery:
+    """The page a URL's query asks for (``/scheduled?destination=...``); ValueError
+    naming a field out of range."""
+
+    def text(name: str) -> str | None:
+        value = params.get(name, "").strip()
+        return value or None
+
+    limit = int(params.get("limit", "50") or 50)
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"limit must be from 1 to 1000, got {limit}")
+    order = params.get("order", "soonest")
+    if order not in ("soonest", "newest"):
+        raise ValueError(f"order must be soonest or newest, got {order!r}")
+    return PageQuery(
+        destination=text("destination"),
+        key=text("key"),
+        message_id=text("id"),
+        due_from_ms=time_ms(text("due_from"), "due_from"),
+        due_to_ms=time_ms(text("due_to"), "due_to"),
+        order=cast(Order, order),
+        after=text("after"),
+        limit=limit,
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import AccessRefusedError, RmqDelayError
 from ..settings import Settings, mask_url
 
-__all__ = ["explain", "explain_text", "is_refusal", "scrub"]
+__all__ = ["explain", "explain_text", "is_bug", "is_refusal", "scrub"]
 
 _PERMISSIONS = (
     "the broker user lacks the permission for this (ACCESS_REFUSED): {detail}. "
@@ -23,6 +23,9 @@ _PERMISSIONS = (
     "another user"
 )
 
+
+_SAID = (RmqDelayError, ValueError, OSError)
+"""Errors a user or the broker caused, said in their own words (any other is a bug)."""
 
 _SHORTEST_SCRUBBED = 8
 """Pages and API answers are scrubbed of secrets this long or longer: a shorter one
@@ -75,6 +78,12 @@ def is_refusal(exc: BaseException) -> bool:
     return "ACCESS_REFUSED" in str(exc) or (cause is not None and is_refusal(cause))
 
 
+def is_bug(exc: BaseException) -> bool:
+    """Whether an error is the dashboard's own (logged with its traceback), not one the
+    broker or a user caused."""
+    return not isinstance(exc, _SAID) and not is_refusal(exc)
+
+
 def _detail(exc: BaseException) -> str:
     if isinstance(exc, AccessRefusedError):
         return exc.detail
@@ -92,7 +101,7 @@ def explain(exc: BaseException, settings: Settings) -> str:
     """One line for an error the broker or a user caused, scrubbed of secrets."""
     if is_refusal(exc):
         text = _PERMISSIONS.format(detail=_detail(exc))
-    elif isinstance(exc, (RmqDelayError, ValueError, OSError)):
+    elif isinstance(exc, _SAID):
         text = str(exc) or type(exc).__name__
     else:
         text = f"{type(exc).__name__}: {_detail(exc)}"

@@ -33,7 +33,9 @@ __all__ = [
     "Refused",
     "check_post",
     "csrf_token",
+    "local_target",
     "session_value",
+    "token_ok",
 ]
 
 CSRF_COOKIE = "rmqdelay_csrf"
@@ -61,6 +63,18 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
+def token_ok(access: Access, token: str) -> bool:
+    """Whether the login form's token is the dashboard's."""
+    return access.token is not None and _same(token, access.token)
+
+
+def local_target(target: str | None) -> str:
+    """A redirect target on this site only: a path, never ``//host`` or a URL."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
 def _basic_ok(access: Access, header: str) -> bool:
     if access.user is None or access.password is None:
         return False
@@ -76,7 +90,7 @@ def _authenticated(access: Access, key: bytes, request: Request) -> str | None:
     scheme, _, value = request.headers.get("authorization", "").partition(" ")
     scheme = scheme.lower()
     token = access.token
-    if scheme == "bearer" and token is not None and _same(value.strip(), token):
+    if scheme == "bearer" and token_ok(access, value.strip()):
         return "bearer"
     if scheme == "basic" and _basic_ok(access, value.strip()):
         return "basic"
@@ -183,9 +197,7 @@ async def check_post(request: Request, *, action: bool, read_only: bool) -> Form
     if request.scope["state"].get("auth") != "bearer":
         sent = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER) or ""
         cookie = request.cookies.get(CSRF_COOKIE, "")
-        if not (
-            isinstance(sent, str) and cookie and hmac.compare_digest(sent.encode(), cookie.encode())
-        ):
+        if not (isinstance(sent, str) and cookie and _same(sent, cookie)):
             raise Refused(
                 403,
                 "refused: the CSRF token is missing or stale (reload the page and try again; "

@@ -161,7 +161,7 @@ class ScheduleStore:
 
     def _rows(self, body: bytes) -> list[Row]:
         """A copies part's rows: ``live`` unless a tombstone names the copy or its key's
-        verdict hides it (:meth:`_live`, without making the record)."""
+        verdict hides it (:meth:`verdict`, without making the record)."""
         lines = body.split(b"\n")
         objects = json.loads(b"[" + b",".join(lines) + b"]")
         cancelled, hides = self.view.cancelled, self.view.keys.hides
@@ -209,18 +209,19 @@ class ScheduleStore:
         for message_id in affected:
             self._refresh(message_id)
 
-    def _live(self, record: JournalRecord) -> bool:
+    def verdict(self, record: JournalRecord) -> str | None:
+        """Why a copy will not be handled (a message's page says it), None if it will."""
         view = self.view
         if view.is_cancelled(record.message_id, record.due_at_ms):
-            return False
-        return not (record.key is not None and view.hidden(record))
+            return "cancelled"
+        return "replaced or ignored under its key" if view.hidden(record) else None
 
     def _refresh(self, message_id: str) -> None:
         """Set ``live`` on each of the id's copies from the view's verdicts."""
         for record in self.copies.of(message_id):
             self.db.execute(
                 "UPDATE copies SET live = ? WHERE id = ? AND due = ?",
-                (int(self._live(record)), message_id, record.due_at_ms),
+                (int(self.verdict(record) is None), message_id, record.due_at_ms),
             )
 
     def forget(self, now_ms: int, horizon_ms: int) -> None:
@@ -333,7 +334,11 @@ class ScheduleStore:
     def copies_pending(self, message_id: str, now_ms: int) -> list[JournalRecord]:
         """The id's pending copies, soonest first (an id sent again after a failed
         confirm, or retried, waits as several)."""
-        return [r for r in self.copies.of(message_id) if r.due_at_ms > now_ms and self._live(r)]
+        return [
+            r
+            for r in self.copies.of(message_id)
+            if r.due_at_ms > now_ms and self.verdict(r) is None
+        ]
 
     def history(self, message_id: str) -> list[JournalRecord]:
         """Every record read for ``message_id`` since the checkpoint the store began
