@@ -1,5 +1,5 @@
 """aiormq's private books are used only where their self-checks pass, and are otherwise
-left for the public ``basic_publish`` (rmqdelay/amqp/aiormq_private.py)."""
+left for the public ``basic_publish`` (rmqdelay/amqp/aiormq_private/)."""
 
 from __future__ import annotations
 
@@ -284,11 +284,13 @@ async def test_nothing_is_written_to_a_channel_the_broker_is_closing() -> None:
     assert not await _write(channel, book, "a")
     assert channel.write_queue.empty() and channel.confirmations == {}
     assert book.closed is reason and book.slots == [] and channel.delivery_tag == 0
-    closed = _channel(is_closed=True)
-    book = aiormq_private.Confirms(closed)
-    await _write(closed, book, "a")
-    assert closed.write_queue.empty()
-    assert isinstance(book.closed, aiormq.exceptions.ChannelInvalidStateError)
+    closing = asyncio.Event()
+    closing.set()  # aiormq's own close event: its basic_ack refuses to write then too
+    for closed in (_channel(is_closed=True), _channel(_Channel__close_event=closing)):
+        book = aiormq_private.Confirms(closed)
+        assert not await _write(closed, book, "a")
+        assert closed.write_queue.empty() and closed.confirmations == {}
+        assert isinstance(book.closed, aiormq.exceptions.ChannelInvalidStateError)
 
 
 async def test_frames_queued_while_the_channel_closed_are_taken_back() -> None:
