@@ -6,7 +6,6 @@ import base64
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -177,19 +176,6 @@ def publish(
         print(result.describe(), flush=True)
 
 
-def _plain(value: Any) -> Any:
-    """Make AMQP header values JSON-friendly."""
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
-
-
 def _body_fields(body: bytes) -> dict[str, Any]:
     try:
         return {"body": body.decode()}
@@ -314,14 +300,14 @@ def _say_waiting(queue: str, count: int | None, timeout: float | None) -> None:
 
 
 def _print_message(message_id: str, body: bytes, headers: Mapping[str, Any], as_json: bool) -> None:
-    from ..core.messages import DUE_AT
+    from ..core.messages import DUE_AT, jsonable
 
     received_ms = now_ms()
     due = headers.get(DUE_AT)
     record = {
         "message_id": message_id,
         **_body_fields(body),
-        "headers": _plain(dict(headers)),
+        "headers": jsonable(dict(headers)),
         "due_at_ms": due,
         "received_at_ms": received_ms,
         "lateness_ms": None if due is None else received_ms - int(due),

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict, cast
 
 from ..errors import InvalidBodyError
@@ -23,6 +24,7 @@ __all__ = [
     "carried_properties",
     "clean_headers",
     "encode_body",
+    "jsonable",
 ]
 
 DUE_AT = "rmqdelay-due-at"
@@ -151,3 +153,20 @@ def clean_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
 def _is_death_record(name: object) -> bool:
     # a name that is no str is kept, for the encoder to refuse by name
     return isinstance(name, str) and (name == "x-death" or name.startswith(_DEATH_PREFIXES))
+
+
+def jsonable(value: Any) -> Any:
+    """Header values (and results) as plain JSON values, for people to read: bytes as
+    UTF-8 text, datetimes as ISO 8601, any other type AMQP carries (a Decimal) as str.
+    ``rmqdelay consume --json`` and the dashboard show headers through it."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -24,6 +24,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..core.clock import datetime_of_ms, now_ms
 from ..core.journal.records import JournalRecord
+from ..core.messages import jsonable
 from ..settings import Settings
 from . import actions
 from .actions import Job, Jobs, Outcome
@@ -33,7 +34,7 @@ from .pages import BUCKETS, PAGE_SIZES, query_of, time_ms
 from .refusals import explain, is_bug
 from .schedule import HISTORY_KINDS, PREVIEW_AFTER_S, ScheduleSource, StillReading, numbered
 from .security import Guard
-from .web import HERE, Web, jsonable, log, when
+from .web import HERE, Web, log, when
 
 __all__ = ["Dashboard", "create_app"]
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from ..core.clock import iso_of_ms, now_ms
 from ..core.durations import format_ms
+from ..core.messages import jsonable
 from ..settings import Settings
 from .actions import Outcome
 from .binding import Access, access_of
@@ -38,7 +38,7 @@ from .security import (
     token_ok,
 )
 
-__all__ = ["HERE", "Web", "ahead", "jsonable", "when"]
+__all__ = ["HERE", "Web", "ahead", "when"]
 
 log = logging.getLogger("rmqdelay.dashboard")
 HERE = Path(__file__).parent
@@ -56,21 +56,6 @@ def ahead(ms: int | None) -> str:
     span_ms = ms - now_ms()
     span = format_ms(max(1000, round(abs(span_ms), -3)))  # to the second: a page is read slowly
     return f"in {span}" if span_ms >= 0 else f"{span} ago"
-
-
-def jsonable(value: Any) -> Any:
-    """Plain JSON values: bytes as text, datetimes as ISO 8601, the rest as str."""
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 class Web:

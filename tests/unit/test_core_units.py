@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
@@ -212,3 +213,20 @@ def test_batches_go_out_by_due_time_and_results_come_back_in_order(dues: list[in
     outcomes = [PublishResult.of(core.finalize(p, now=0)) for p in sent]
     results = gather_results(batch, outcomes, order)
     assert [r.message_id for r in results] == [p.message_id for p in batch]
+
+
+def test_header_values_become_plain_json_for_people() -> None:
+    from decimal import Decimal
+
+    from rmqdelay.core.messages import jsonable
+
+    at = datetime(2026, 11, 29, 4, 0, tzinfo=timezone.utc)
+    headers = {"b": b"caf\xc3\xa9\xff", "t": at, "n": [1, (2, Decimal("3.5"))], 7: None}
+    shown = jsonable(headers)
+    assert shown == {
+        "b": "café\ufffd",
+        "t": "2026-11-29T04:00:00+00:00",
+        "n": [1, [2, "3.5"]],
+        "7": None,
+    }
+    json.dumps(shown)  # what consume --json and the dashboard print
