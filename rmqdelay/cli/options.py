@@ -167,16 +167,18 @@ def alias(*decls: str, target: str, new: str, shifts: str = "") -> Callable[[F],
     return click.option(*decls, cls=Alias, target=target, new=new, shifts=shifts)
 
 
-def time_value(text: str | None, option: str = "--at") -> datetime | None:
-    """*option*'s time (ISO 8601), read before anything connects: a usage error naming
-    the option otherwise (exit 2)."""
+def time_value(
+    text: str | None, option: str = "--at", *, or_duration: bool = False
+) -> datetime | None:
+    """*option*'s time (ISO 8601; with ``or_duration`` a duration from now, ``10m``, too),
+    read before anything connects: a usage error naming the option otherwise (exit 2)."""
     if text is None:
         return None
-    from ..core.durations import parse_time
+    from ..core.durations import parse_time, parse_time_or_duration
     from ..errors import DelayError
 
     try:
-        return parse_time(text, option)
+        return (parse_time_or_duration if or_duration else parse_time)(text, option)
     except DelayError as exc:
         raise usage_error(str(exc)) from None
 

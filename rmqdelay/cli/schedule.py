@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import click
 from click.exceptions import Exit
 
-from ..errors import DelayError
 from .options import (
     Command,
     Group,
@@ -112,17 +111,11 @@ def scheduled_list(
     """List the messages still ahead and not cancelled, soonest first, every copy."""
     from ..amqp.journal import read_once
     from ..core.clock import ms_of_datetime
-    from ..core.durations import parse_time_or_duration
     from ..core.journal.flows import scheduled_rows
     from ..core.journal.reading import require_journal
     from .schedule_rows import json_lines, numbered, print_table, write_lines
 
-    before = None
-    if due_before is not None:
-        try:
-            before = parse_time_or_duration(due_before, "--due-before")
-        except DelayError as exc:
-            raise usage_error(str(exc)) from None
+    before = time_value(due_before, "--due-before", or_duration=True)
     settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`scheduled list`")
     progress = _ReadProgress(shown=not as_json)
