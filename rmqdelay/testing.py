@@ -31,7 +31,16 @@ from .core.publishing.aio_api import AbstractAsyncPublisher
 from .core.publishing.api import AbstractPublisher
 from .core.publishing.outgoing import Outcome, Outgoing, Prepared, PublishResult
 from .core.publishing.publisher import PublisherCore
-from .core.steps import RECONNECT_PAUSES, Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
+from .core.steps import (
+    RECONNECT_PAUSES,
+    CheckExchange,
+    Checkpoint,
+    CheckQueue,
+    Failover,
+    Flow,
+    Step,
+    run_flow,
+)
 from .settings import Settings
 
 __all__ = ["AsyncInMemoryPublisher", "Failure", "InMemoryPublisher", "SentMessage"]
@@ -94,6 +103,8 @@ class _Broker:
     destinations: set[str] | None
     """The work queues that exist; None: every one."""
     journal_exists: bool = True
+    held: set[str] = field(default_factory=set)
+    """Destinations marked held (``topology apply --held``)."""
     removed: set[str] = field(default_factory=set)
     sent: list[SentMessage] = field(default_factory=list)
     journal: list[JournalRecord] = field(default_factory=list)
@@ -115,6 +126,7 @@ class _Memory:
         destinations: Iterable[str] | None = None,
         journal_exists: bool = True,
         can_failover: bool = True,
+        held: Iterable[str] = (),
     ) -> None:
         self.settings = settings or Settings()
         self.core = PublisherCore(
@@ -123,6 +135,7 @@ class _Memory:
             timeout=self.settings.confirm_timeout,
         )
         self._broker = _Broker(None if destinations is None else set(destinations), journal_exists)
+        self._broker.held = {*held, *self.settings.held_destinations}
         self.can_failover = can_failover
         """Whether a failover finds another node (a publisher that owns its connection):
         when False, the errors of unconfirmed messages stand."""
@@ -206,6 +219,9 @@ class _Memory:
             return None
         if isinstance(step, CheckQueue):
             return self._exists(step.queue)
+        if isinstance(step, CheckExchange):
+            layout = self.core.layout
+            return any(layout.held_marker(d) == step.exchange for d in self._broker.held)
         if isinstance(step, Failover):
             self.failovers.append(step.reason)
             if self.can_failover:
@@ -320,7 +336,9 @@ class InMemoryPublisher(_Memory, AbstractPublisher):
     ``destinations``: the work queues that exist (default: every one); ``settings``
     as for the real publisher (``schedule_journal``, ``max_delay``, ...);
     ``journal_exists=False``: the journal stream is missing; ``can_failover=False``:
-    a failover finds no other node (a publisher given its connection).
+    a failover finds no other node (a publisher given its connection); ``held``: the
+    destinations marked held, as ``held_destinations`` marks them (their messages are
+    sent up to the hold window early, as to a broker).
     """
 
     def connect(self) -> Self:

@@ -21,14 +21,28 @@ from typing_extensions import Self
 from ..core.journal.steps import Read
 from ..core.publishing.aio_api import AbstractAsyncPublisher
 from ..core.publishing.outgoing import Outcome, Outgoing, Prepared, PublishResult
-from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Send, Step, Steps
-from ..errors import ConnectionFailedError, PublisherClosedError, PublishError
+from ..core.steps import (
+    CheckExchange,
+    Checkpoint,
+    CheckQueue,
+    Failover,
+    Flow,
+    Send,
+    Step,
+    Steps,
+)
+from ..errors import (
+    AccessRefusedError,
+    ConnectionFailedError,
+    PublisherClosedError,
+    PublishError,
+)
 from . import aiormq_private
 from .aio_streams import AsyncStream
 from .checkpoints import checkpoint_aside
 from .connections import connect_async
 from .journal import journal_step_async
-from .passive import queue_exists_async
+from .passive import exchange_exists_async, queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 
 __all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
@@ -220,6 +234,8 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
             return None
         if isinstance(step, CheckQueue):
             return await self._queue_exists(step.queue)
+        if isinstance(step, CheckExchange):
+            return await self._exchange_exists(step.exchange)
         if isinstance(step, Failover):
             return await self._failover(step.reason)
         if isinstance(step, Send):
@@ -254,6 +270,18 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
             return await queue_exists_async(connection, queue, self.settings.confirm_timeout)
         except (TimeoutError, asyncio.TimeoutError, *_LOST) as exc:
             raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
+
+    async def _exchange_exists(self, exchange: str) -> bool:
+        connection = await self._live_connection()
+        timeout = self.settings.confirm_timeout
+        try:
+            return await exchange_exists_async(connection, exchange, timeout)
+        except AccessRefusedError:
+            return False  # a held marker unseen: full routes, on time for any consumer
+        except (TimeoutError, asyncio.TimeoutError, *_LOST) as exc:
+            raise PublisherClosedError(
+                f"the passive check of {exchange!r} failed: {exc!r}"
+            ) from None
 
     async def _send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         if len(batch) == 1:  # no window for a lone message

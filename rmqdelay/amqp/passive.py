@@ -35,27 +35,40 @@ def ready_messages(connection: pika.BlockingConnection, queue: str, timeout: flo
 
     Bounded by ``timeout`` on the fast path; pika's public path waits for the answer.
     """
+    return _passive(connection, queue, timeout, exchange=False)
+
+
+def _passive(
+    connection: pika.BlockingConnection, name: str, timeout: float, *, exchange: bool
+) -> int | None:
+    """A passive declare of a queue (its ready count) or an exchange (0); None on 404."""
     if not pika_private.usable(connection):
         try:
             channel = connection.channel()
-            declared = channel.queue_declare(queue, passive=True)
+            if exchange:
+                channel.exchange_declare(name, passive=True)
+                count = 0
+            else:
+                count = channel.queue_declare(name, passive=True).method.message_count
         except pika.exceptions.ChannelClosedByBroker as exc:
-            _refused(queue, exc)
+            _refused(name, exc)
             return None
         channel.close()
-        return int(declared.method.message_count)
+        return int(count)
     impl = pika_private.open_channel(connection, timeout)
     answers: list[Any] = []
     closed: list[Any] = []
     impl.add_on_close_callback(lambda _channel, reason: closed.append(reason))
-    impl.queue_declare(queue, passive=True, callback=answers.append)
-    pika_private.wait_until(
-        connection, lambda: bool(answers or closed), timeout, f"checking queue {queue!r}"
-    )
+    if exchange:
+        impl.exchange_declare(name, passive=True, callback=answers.append)
+    else:
+        impl.queue_declare(name, passive=True, callback=answers.append)
+    what = f"checking {'exchange' if exchange else 'queue'} {name!r}"
+    pika_private.wait_until(connection, lambda: bool(answers or closed), timeout, what)
     if answers:
         impl.close()  # its CloseOk comes with later I/O: nothing to wait for
-        return int(answers[0].method.message_count)
-    _refused(queue, closed[0])
+        return 0 if exchange else int(answers[0].method.message_count)
+    _refused(name, closed[0])
     return None
 
 
@@ -108,27 +121,37 @@ async def queue_exists_async(connection: AbstractConnection, queue: str, timeout
     return await ready_messages_async(connection, queue, timeout) is not None
 
 
-def exchange_exists(connection: pika.BlockingConnection, exchange: str) -> bool:
-    """Whether ``exchange`` exists (a passive declare on a channel of its own)."""
-    channel = connection.channel()
-    try:
-        channel.exchange_declare(exchange, passive=True)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        if exc.reply_code != 404:
-            raise
-        return False
-    channel.close()
-    return True
+def exchange_exists(
+    connection: pika.BlockingConnection, exchange: str, timeout: float = 30.0
+) -> bool:
+    """Whether ``exchange`` exists (a passive declare on a channel of its own);
+    AccessRefusedError on 403."""
+    return _passive(connection, exchange, timeout, exchange=True) is not None
 
 
-async def exchange_exists_async(connection: AbstractConnection, exchange: str) -> bool:
-    """Whether ``exchange`` exists (a passive declare on a channel of its own)."""
+async def exchange_exists_async(
+    connection: AbstractConnection, exchange: str, timeout: float = 30.0
+) -> bool:
+    """Whether ``exchange`` exists (a passive declare on a channel of its own);
+    AccessRefusedError on 403."""
+    import asyncio
+
     import aiormq
 
-    channel = await connection.channel(publisher_confirms=False)
+    async def check() -> bool:
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            await channel.get_exchange(exchange, ensure=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            raise AccessRefusedError(exchange, str(exc.args[-1] if exc.args else exc)) from None
+        await channel.close()
+        return True
+
     try:
-        await channel.get_exchange(exchange, ensure=True)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return False
-    await channel.close()
-    return True
+        return await asyncio.wait_for(check(), timeout)
+    except asyncio.TimeoutError:
+        raise TimeoutError(
+            f"no answer from the broker within {timeout:g}s (checking exchange {exchange!r})"
+        ) from None

@@ -22,13 +22,13 @@ from typing_extensions import Self
 from ..core.journal.steps import Append, Read
 from ..core.publishing.api import AbstractPublisher
 from ..core.publishing.outgoing import Outcome, Prepared
-from ..core.steps import Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
-from ..errors import ConnectionFailedError, PublisherClosedError
+from ..core.steps import CheckExchange, Checkpoint, CheckQueue, Failover, Flow, Step, run_flow
+from ..errors import AccessRefusedError, ConnectionFailedError, PublisherClosedError
 from .blocking import close_connection, poll_once
 from .checkpoints import checkpoint_aside
 from .connections import connect_blocking
 from .journal import append_records
-from .passive import queue_exists
+from .passive import exchange_exists, queue_exists
 from .pika_confirms import LOST, ConfirmChannel, open_confirm_channel, pika_properties
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 from .streams import BlockingStream, Readers
@@ -133,6 +133,8 @@ class Publisher(PublisherSurface[pika.BlockingConnection], AbstractPublisher):
             return None
         if isinstance(step, CheckQueue):
             return self._queue_exists(step.queue)
+        if isinstance(step, CheckExchange):
+            return self._exchange_exists(step.exchange)
         if isinstance(step, Failover):
             return self._failover(step.reason)
         if isinstance(step, Append):
@@ -198,6 +200,18 @@ class Publisher(PublisherSurface[pika.BlockingConnection], AbstractPublisher):
         except LOST as exc:
             self._lost = exc
             raise PublisherClosedError(f"the passive check of {queue!r} failed: {exc!r}") from None
+
+    def _exchange_exists(self, exchange: str) -> bool:
+        connection = self._live_connection()
+        try:
+            return exchange_exists(connection, exchange, self.settings.confirm_timeout)
+        except AccessRefusedError:
+            return False  # a held marker unseen: full routes, on time for any consumer
+        except LOST as exc:
+            self._lost = exc
+            raise PublisherClosedError(
+                f"the passive check of {exchange!r} failed: {exc!r}"
+            ) from None
 
     def _send(self, batch: Sequence[Prepared]) -> list[Outcome]:
         channel = self._confirm_channel()

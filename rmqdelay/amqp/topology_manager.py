@@ -104,7 +104,11 @@ class TopologyManager:
             self._connection = None
 
     def topology(self, destinations: Iterable[str] = ()) -> Topology:
-        return build_topology(self.layout, [*self.settings.destinations, *destinations])
+        return build_topology(
+            self.layout,
+            [*self.settings.destinations, *destinations],
+            self.settings.held_destinations,
+        )
 
     # -- channels: a failed passive check closes the channel, so open a fresh one --
 

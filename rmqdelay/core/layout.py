@@ -30,8 +30,12 @@ __all__ = [
 DIGITS = "0123456789abcdef"
 DEFAULT_MAX_DELAY_MS = 366 * 24 * 3600 * 1000
 _WORK_INFIX = ".work."
+_HELD_INFIX = ".held."
 DEFAULT_JOURNAL_RETENTION = 2 * 1024**3
 """The journal's and its checkpoints' streams each keep this many bytes (2 GiB)."""
+HOLD_WINDOW_MS = 3000
+"""The default hold window is the largest digit boundary not over this: 2.56 s for the
+default layout (radix 16 at 10 ms). A held message waits at most that long in a consumer."""
 MIN_JOURNAL_RETENTION = 64 * 1024**2
 """Less could not hold a checkpoint and the tail after it at any useful scale."""
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
@@ -113,6 +117,18 @@ class Layout:
     leader_locator: str | None = "balanced"
     """``x-queue-leader-locator`` of quorum queues; None declares none."""
     quorum_group_size: int | None = None
+    hold_units: int = 1
+    """The hold window in units, a power of the radix: a held destination's messages skip
+    the digits below it and arrive up to that early; its consumer waits out the rest."""
+
+    @property
+    def hold_ms(self) -> int:
+        return self.hold_units * self.resolution_ms
+
+    def held_marker(self, destination: str) -> str:
+        """The exchange whose existence says ``destination`` is held by rmqdelay's
+        consumers (``topology apply --held``): publishers check it once, passively."""
+        return f"{self.prefix}{_HELD_INFIX}{destination}"
 
     @property
     def named(self) -> tuple[Position, ...]:
@@ -161,6 +177,7 @@ class Layout:
         journal_retention: int = DEFAULT_JOURNAL_RETENTION,
         leader_locator: str | None = "balanced",
         quorum_group_size: int | None = None,
+        hold_window_ms: int | None = None,
     ) -> Layout:
         """Derive the positions and check every limit that needs more than one value.
 
@@ -212,6 +229,7 @@ class Layout:
                 f"destination of up to {max_destination_length}), over AMQP's 255; "
                 "lower max_destination_length or max_delay, or raise the radix"
             )
+        hold_units = _hold_units(r, b, count, hold_window_ms)
         longest_queue = len(prefix) + len(_WORK_INFIX) + max_destination_length
         if longest_queue > 255:
             raise ConfigurationError(
@@ -240,7 +258,23 @@ class Layout:
             journal_retention=parse_size(journal_retention),
             leader_locator=leader_locator,
             quorum_group_size=quorum_group_size,
+            hold_units=hold_units,
         )
+
+
+def _hold_units(r: int, b: int, count: int, window_ms: int | None) -> int:
+    """The hold window in units: ``window_ms`` when it is a digit boundary (the resolution
+    times a power of the radix, under the top position), else the default's rule."""
+    boundaries: list[int] = [b**k for k in range(count)]
+    if window_ms is None:
+        return max(u for u in boundaries if u * r <= HOLD_WINDOW_MS or u == 1)
+    if window_ms % r or window_ms // r not in boundaries:
+        shown = ", ".join(format_ms(u * r) for u in boundaries[:5])
+        raise ConfigurationError(
+            f"hold_window {format_ms(window_ms)} must be a digit boundary, the resolution "
+            f"times a power of the radix: {shown}, ..."
+        )
+    return int(window_ms // r)
 
 
 def _position(prefix: str, index: int, label: str, weight: int, max_digit: int, r: int) -> Position:

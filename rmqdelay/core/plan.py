@@ -92,15 +92,17 @@ def check_max_delay(layout: Layout, delay_us: int) -> None:
         )
 
 
-def plan_delay(layout: Layout, delay_us: int, destination: str) -> DelayPlan:
+def plan_delay(layout: Layout, delay_us: int, destination: str, *, held: bool = False) -> DelayPlan:
     """Plan a delay of ``delay_us`` microseconds; zero or less goes straight to delivery.
 
     ``destination`` must already be validated (see ``routing.validate_destination``).
+    ``held``: its consumers are rmqdelay's, which wait out the last stretch, so the
+    delay is rounded *down* to the hold window and the digits below it cost no hop.
     """
     max_us, unit_us, positional, capacity = _bounds(layout)
     if delay_us > max_us:
         check_max_delay(layout, delay_us)
-    units = max(0, -(-delay_us // unit_us))
+    units = _units(layout, delay_us, unit_us, held)
     hops: list[Tier] = []
     if positional and units <= capacity:  # no named tier: digits_for's usual case
         digits = []
@@ -153,7 +155,19 @@ _FORMATS = {2: "b", 8: "o", 16: "x"}
 """Radixes whose digits ``format`` writes as the words of :data:`DIGITS`."""
 
 
-def plan_route(layout: Layout, due_us: int, now_us: int, destination: str) -> Route:
+def _units(layout: Layout, delay_us: int, unit_us: int, held: bool) -> int:
+    """Units up (never early), or for a held destination down to the hold window."""
+    if delay_us <= 0:
+        return 0
+    if held:
+        window_us = unit_us * layout.hold_units
+        return delay_us // window_us * layout.hold_units
+    return -(-delay_us // unit_us)
+
+
+def plan_route(
+    layout: Layout, due_us: int, now_us: int, destination: str, *, held: bool = False
+) -> Route:
     """:func:`plan_delay` of the delay left at ``now_us`` until ``due_us``, cut to what
     the wire and the result need: the async publisher routes each message of a batch
     with this, and keeps no :class:`DelayPlan` (four objects the garbage collector
@@ -161,11 +175,14 @@ def plan_route(layout: Layout, due_us: int, now_us: int, destination: str) -> Ro
     two agree)."""
     delay_us = due_us - now_us
     max_us, unit_us, positional, capacity = bounds = _bounds(layout)
-    units = -(-delay_us // unit_us)
-    if units < 0:
-        units = 0
+    if held:
+        units = _units(layout, delay_us, unit_us, held)
+    else:
+        units = -(-delay_us // unit_us)
+        if units < 0:
+            units = 0
     if not positional or units > capacity or delay_us > max_us:
-        plan = plan_delay(layout, delay_us, destination)
+        plan = plan_delay(layout, delay_us, destination, held=held)
         return _route(
             Route, (plan.exchange, plan.publish_key, plan.routing_key, len(plan.hops), now_us)
         )

@@ -1,10 +1,10 @@
 """The step protocol: what a publish flow asks of the adapter that runs it.
 
 A flow is a generator that yields the only things needing a broker, :class:`CheckQueue`
-(a passive check), :class:`Send` (send and wait for confirms), :class:`Failover` (move to
-another node) and :class:`Checkpoint` (write one, on the side), and gets their answers
-back. Keeping the protocol apart from
-the flows lets an adapter (pika, aio-pika, the in-memory stub) depend on it alone.
+and :class:`CheckExchange` (passive checks), :class:`Send` (send and wait for confirms),
+:class:`Failover` (move to another node) and :class:`Checkpoint` (write one, on the
+side), and gets their answers back. Keeping the protocol apart from the flows lets an
+adapter (pika, aio-pika, the in-memory stub) depend on it alone.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from .publishing.outgoing import Prepared
 
 __all__ = [
     "RECONNECT_PAUSES",
+    "CheckExchange",
     "CheckQueue",
     "Checkpoint",
     "Failover",
@@ -40,6 +41,14 @@ class CheckQueue:
     """A step: does this work queue exist? Answer True or False (a passive check)."""
 
     queue: str
+
+
+@dataclass(frozen=True)
+class CheckExchange:
+    """A step: does this exchange exist? Answer True or False (a passive check; a refusal
+    is False). A held destination's marker (:meth:`~rmqdelay.core.layout.Layout.held_marker`)."""
+
+    exchange: str
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ class Checkpoint:
     due: Callable[[Mark | None], bool]
 
 
-Step = CheckQueue | Send | Failover | Append | Read | Checkpoint
+Step = CheckQueue | CheckExchange | Send | Failover | Append | Read | Checkpoint
 """What a flow asks of its adapter: a publish's steps, and the journal's
 (:mod:`.journal_steps`), so a publisher carries out both alike."""
 Flow = Generator[Step, Any, T]

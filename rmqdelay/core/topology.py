@@ -163,8 +163,17 @@ def retention_policy(layout: Layout) -> tuple[str, str, dict[str, Any]]:
     return f"{journal_name(layout)}.retention", pattern, definition
 
 
-def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology:
-    """Describe the shared tiers, hop exchanges and parking, plus each destination."""
+def build_topology(
+    layout: Layout, destinations: Iterable[str] = (), held: Iterable[str] = ()
+) -> Topology:
+    """Describe the shared tiers, hop exchanges and parking, plus each destination.
+
+    A ``held`` destination (also a destination) gets its marker, an exchange bound to
+    nothing: its existence tells every publisher to round delays down to the hold window,
+    as its consumers (rmqdelay's) wait out the rest.
+    """
+    held = dict.fromkeys(held)
+    destinations = [*destinations, *held]
     queue_type = layout.queue_type
     words = len(layout.positions)
 
@@ -222,4 +231,6 @@ def build_topology(layout: Layout, destinations: Iterable[str] = ()) -> Topology
         queues.append(Queue(work, "work", args))
         key = ".".join(["*"] * words + [destination])
         bindings.append(Binding(layout.delivery_exchange, work, "queue", key))
+        if destination in held:
+            exchanges.append(Exchange(layout.held_marker(destination), "fanout"))
     return Topology(tuple(exchanges), tuple(queues), tuple(bindings))

@@ -143,6 +143,28 @@ class Settings:
         "Destinations that ``topology`` commands always include.",
         many=True,
     )
+    held_destinations: list[str] = setting(
+        None,
+        read.list_of(read.text),
+        """Destinations whose consumers are all rmqdelay's (``Worker``, ``rmqdelay consume``,
+        the bridge): ``topology apply`` marks them held, publishers skip their last digits,
+        and the consumer waits out up to ``hold_window`` itself. A plain AMQP consumer of
+        one would get messages early.""",
+        many=True,
+    )
+    hold_window: int | None = setting(
+        None,
+        read.optional(read.duration_ms),
+        """How early a held destination's messages may arrive: the resolution times a
+        power of the radix; default: the largest such not over 3 s (2.56 s).""",
+    )
+    max_held: int = setting(
+        5000,
+        read.at_least(read.integer, 1),
+        """The most messages a consumer holds for a held destination before their due
+        time; then it takes no more until some are due (its prefetch is its concurrency
+        plus this).""",
+    )
     max_destination_length: int = setting(
         100, read.at_least(read.integer, 1), "Longest destination name, in bytes."
     )
@@ -253,6 +275,7 @@ class Settings:
             if self.queue_leader_locator == "none"
             else self.queue_leader_locator,
             quorum_group_size=self.quorum_group_size,
+            hold_window_ms=self.hold_window,
         )
 
     @property

@@ -16,7 +16,7 @@ from rmqdelay import (
 from rmqdelay.core.journal.steps import Read
 from rmqdelay.core.publishing.outgoing import Outcome, Prepared, PublishResult
 from rmqdelay.core.publishing.publisher import PublisherCore
-from rmqdelay.core.steps import CheckQueue, Failover, Send, Steps
+from rmqdelay.core.steps import CheckExchange, CheckQueue, Failover, Send, Steps
 
 DEST = "orders"
 
@@ -44,6 +44,8 @@ def _run(
             seen.append(step)
             if isinstance(step, CheckQueue):
                 answer = True
+            elif isinstance(step, CheckExchange):  # no destination is held here
+                answer = False
             elif isinstance(step, Failover):
                 answer = move
             elif isinstance(step, Read):  # is a checkpoint due? no checkpoint stream here

@@ -33,7 +33,7 @@ from rmqdelay.core.journal.steps import (
 from rmqdelay.core.layout import Layout
 from rmqdelay.core.publishing.outgoing import Outcome, PublishResult
 from rmqdelay.core.publishing.publisher import PublisherCore
-from rmqdelay.core.steps import CheckQueue, Send, Steps
+from rmqdelay.core.steps import CheckExchange, CheckQueue, Send, Steps
 from rmqdelay.errors import JournalError
 
 T = TypeVar("T")
@@ -310,8 +310,8 @@ def _publish(
     answer: object = None
     try:
         while (step := steps.next(answer)) is not None:
-            if isinstance(step, CheckQueue):
-                answer = True
+            if isinstance(step, (CheckQueue, CheckExchange)):
+                answer = isinstance(step, CheckQueue)  # no destination is held here
                 continue
             if isinstance(step, Read):  # is a checkpoint due? no checkpoint stream here
                 answer = "missing"

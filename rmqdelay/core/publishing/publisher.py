@@ -69,6 +69,7 @@ class PublisherCore(Sending):
         """How long a flow waits for the broker: a keyed publish's read back, a read of
         the journal (the publisher's ``confirm_timeout``)."""
         self.known_destinations: set[str] = set()
+        self.held_destinations: set[str] = set()
         self._journal_checked = False
         self._valid_destinations: set[str] = set()
         self._properties = PropertyTemplates()

@@ -26,7 +26,7 @@ from ..journal.steps import journal_properties
 from ..messages import ATTEMPT, KEY, MessageProperties
 from ..plan import DelayPlan, Route, plan_delay, plan_route
 from ..routing import validate_destination
-from ..steps import CheckQueue, Failover, Flow, Send
+from ..steps import CheckExchange, CheckQueue, Failover, Flow, Send
 from ..wire import encode_properties
 from .outgoing import Draft, Drafts, Outcome, Outgoing, Prepared, WithRecords
 from .prepare import Preparing
@@ -46,6 +46,8 @@ class Sending(Preparing):
 
     journal_bodies: bool
     known_destinations: set[str]
+    held_destinations: set[str]
+    """Known destinations whose marker exists: their delays round down to the hold window."""
     _journal_checked: bool
     _follower: KeyFollower | None
 
@@ -66,6 +68,10 @@ class Sending(Preparing):
                 continue
             if not (yield CheckQueue(self.layout.work_queue(destination))):
                 raise failures.unknown_destination(self.layout, destination)
+            if (yield CheckExchange(self.layout.held_marker(destination))):
+                self.held_destinations.add(destination)
+            else:
+                self.held_destinations.discard(destination)
             self.known_destinations.add(destination)
 
     def _send(
@@ -225,7 +231,8 @@ class Sending(Preparing):
             name = prepared.destination  # the journal's fanout exchange, no delay
             return Outgoing(prepared, DelayPlan(0, (), (), name, "", name, ""))
         remaining = prepared.due_at_us - (self.now_us() if now is None else now)
-        plan = plan_delay(self.layout, remaining, prepared.destination)
+        held = prepared.destination in self.held_destinations
+        plan = plan_delay(self.layout, remaining, prepared.destination, held=held)
         return make(Outgoing, {"prepared": prepared, "plan": plan})
 
     def route(self, prepared: Prepared) -> Route:
@@ -235,7 +242,9 @@ class Sending(Preparing):
         now = self.now_us()
         if prepared.journal_records:
             return Route(prepared.destination, "", "", 0, now)
-        return plan_route(self.layout, prepared.due_at_us, now, prepared.destination)
+        destination = prepared.destination
+        held = destination in self.held_destinations
+        return plan_route(self.layout, prepared.due_at_us, now, destination, held=held)
 
     # ------------------------------------------------------------------ outcomes
 
