@@ -20,6 +20,7 @@ __all__ = [
     "CONSUMER_TIMEOUTS",
     "HANDLED",
     "HANDLER_SECONDS",
+    "HELD",
     "KEYS_PENDING",
     "KEY_DROPS",
     "LATENESS",
@@ -57,6 +58,12 @@ CONSUMER_TIMEOUTS = Counter(
     "Messages the broker took back from a worker past the consumer timeout, while their "
     "handler ran or their redelivery waited for it (RabbitMQ 4.3 cancels the consumer; "
     "before, it closes the channel).",
+    ["destination"],
+)
+HELD = Gauge(
+    "rmqdelay_held_messages",
+    "Messages a worker holds unacked until their due time (they came early: a held "
+    "destination's up to its hold window), by destination.",
     ["destination"],
 )
 KEY_DROPS = Counter(

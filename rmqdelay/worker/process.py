@@ -8,13 +8,12 @@ it instead of a second call of the handler (:mod:`rmqdelay.core.handling.takebac
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,14 +21,17 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from ..core.clock import now_ms
 from ..core.handling.handlers import HandlerSpec
+from ..core.handling.hold import hold_action
 from ..core.handling.retry import Decision, decide
 from ..core.handling.takeback import Claim, Key, TakenBack, key_of
 from .context import Context
 from .delivery import Delivery, read_delivery
+from .holding import Held, Holder
 from .hooks import HANDLE, Admission, Hooks, Settled
 from .metrics import CONSUMER_TIMEOUTS
 from .session import Cause, Session
 from .settle import SETTLE_ERRORS, Failure
+from .slots import Slots
 
 __all__ = ["Processor"]
 
@@ -54,51 +56,6 @@ class _Holding:
     """The broker took the message back while the worker held it."""
 
 
-class _Slots:
-    """At most ``size`` handlers at a time. Waiting costs one future (no task); once
-    closed, every wait ends with False (the delivery goes back to its queue)."""
-
-    def __init__(self, size: int) -> None:
-        self.free = size
-        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
-        self._closed = False
-
-    async def acquire(self) -> bool:
-        if self._closed:
-            return False
-        if self.free > 0:
-            self.free -= 1
-            return True
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            handed = await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.result():
-                self.release()  # handed a slot as it was cancelled: pass it on
-            raise
-        if handed and self._closed:  # handed a slot, then closed before it resumed
-            self.release()
-            return False
-        return handed
-
-    def release(self) -> None:
-        """Hand the slot to the first waiter, or free it."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(True)
-                return
-        self.free += 1
-
-    def close(self) -> None:
-        self._closed = True
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(False)
-
-
 Outcome = tuple[Decision, Failure | None, float]
 """What a handling came to: its decision, the handler's failure, how long it ran."""
 
@@ -107,8 +64,20 @@ class Processor:
     """Runs deliveries, at most ``concurrency`` handlers at a time (async ones on the
     loop, sync ones in a thread pool), until ``stop`` is set."""
 
-    def __init__(self, concurrency: int, hooks: Hooks, stop: asyncio.Event) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        hooks: Hooks,
+        stop: asyncio.Event,
+        *,
+        hold_ms: int = 0,
+        max_held: int = 5000,
+    ) -> None:
         self.hooks = hooks
+        self.hold_ms = hold_ms
+        """How early a held destination's messages may come (the layout's hold window)."""
+        self.holder = Holder(max_held, self._released)
+        """Deliveries that came before their due time, until then (no slot, no task)."""
         self.busy = 0
         """Handlers running now (messages waiting for a slot are not counted)."""
         self.inflight: set[asyncio.Task[None]] = set()
@@ -119,7 +88,7 @@ class Processor:
         self._holdings: set[_Holding] = set()
         self._ended: dict[Key, asyncio.Event] = {}
         self._stop = stop
-        self._slots = _Slots(concurrency)
+        self._slots = Slots(concurrency)
         self._rng = random.Random()
 
     def on_message(
@@ -130,9 +99,58 @@ class Processor:
         dropped connection."""
         session.active_at = time.monotonic()
         session.settler.acks.delivered(message)
-        task = asyncio.create_task(self._process(session, spec, message))
+        delivery = read_delivery(message, spec.destination)
+        due_ms = delivery.due_ms
+        if due_ms is not None and due_ms > delivery.received_ms:  # early: never handed over
+            action = hold_action(due_ms, delivery.received_ms, self.hold_ms)
+            if action == "hold":
+                self.holder.hold(session, spec, message, delivery, due_ms)
+                return
+            if action == "redelay":
+                self._start(self._redelay(session, spec, message, delivery, due_ms))
+                return
+        self._start(self._process(session, spec, message, delivery))
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self.inflight.add(task)
         task.add_done_callback(self.inflight.discard)
+
+    def _released(self, held: Held) -> None:
+        """A held delivery is due: now it goes the way of any other."""
+        self._start(self._process(held.session, held.spec, held.message, held.delivery))
+
+    async def _redelay(
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
+        due_ms: int,
+    ) -> None:
+        """Due too far ahead to hold (the consumer timeout): published again due at the
+        same time, confirmed (the same id, headers and attempt, as a retry is), then
+        acked; the copy comes back within the hold window. Its hooks ask at release."""
+        if session.taken_back(message):
+            return
+        ahead_s = (due_ms - delivery.received_ms) / 1000
+        reason = f"due in {ahead_s:.1f}s, past the hold window: sent round the delay tiers again"
+        try:
+            settled = await session.settler.forward(spec, message, delivery, due_ms, reason)
+        except Exception:
+            log.exception("internal error; requeueing the message", extra=delivery.fields)
+            with contextlib.suppress(*SETTLE_ERRORS):
+                await session.settler.acks.reject(message, requeue=True)
+            return
+        self.hooks.settled(delivery, settled)
+
+    def give_back_held(self) -> int:
+        """The worker stops: every held delivery goes back to its queue unhandled (a
+        ``basic.nack``, once the consumers are cancelled); how many."""
+        held = self.holder.drain()
+        for item in held:
+            self._start(self._give_back(item.session, item.message))
+        return len(held)
 
     def on_taken_back(self, session: Session, tag: str | None, cause: Cause) -> None:
         """The broker took back what consumer ``tag`` of ``session`` held (every consumer's
@@ -140,6 +158,7 @@ class Processor:
         for holding in list(self._holdings):
             if holding.session is session and tag in (None, holding.consumer_tag):
                 self._take_back(holding, cause)
+        self.holder.taken_back(session, tag)
 
     def _take_back(self, holding: _Holding, cause: Cause) -> None:
         if holding.taken:
@@ -183,9 +202,12 @@ class Processor:
                 await session.settler.acks.nack(message, requeue=True)
 
     async def _process(
-        self, session: Session, spec: HandlerSpec, message: AbstractIncomingMessage
+        self,
+        session: Session,
+        spec: HandlerSpec,
+        message: AbstractIncomingMessage,
+        delivery: Delivery,
     ) -> None:
-        delivery = read_delivery(message, spec.destination)
         key = key_of(delivery.message_id, delivery.due_ms, delivery.attempt)
         claim = self.taken.claim(key, now_ms())
         if claim == "wait":

@@ -35,6 +35,8 @@ from .session import Consuming, Session, first
 __all__ = ["RunningWorker"]
 
 log = logging.getLogger("rmqdelay.worker")
+_MAX_PREFETCH = 65_535
+"""AMQP's ``prefetch-count`` is a 16-bit field."""
 _MAX_CONSUMER_TIMEOUT_S = 2**31 / 1000
 """RabbitMQ's largest consumer timeout (ms in a signed 32-bit integer)."""
 
@@ -59,8 +61,12 @@ class RunningWorker:
     ) -> None:
         if not 1 <= concurrency <= 10_000:
             raise WorkerError(f"--concurrency must be from 1 to 10000, got {concurrency}")
+        # a held destination's consumer takes room for what it holds too (unless told)
+        held_prefetch = min(_MAX_PREFETCH, concurrency + settings.max_held)
+        if prefetch is not None:
+            held_prefetch = prefetch
         prefetch = concurrency if prefetch is None else prefetch
-        if not 1 <= prefetch <= 65_535:
+        if not 1 <= prefetch <= _MAX_PREFETCH:
             raise WorkerError(f"--prefetch must be from 1 to 65535, got {prefetch}")
         if shutdown_timeout < 0:
             raise WorkerError(f"shutdown timeout must not be negative, got {shutdown_timeout}")
@@ -100,12 +106,19 @@ class RunningWorker:
         self._not_consuming = asyncio.Event()
         """Set once the consumers are cancelled at shutdown: messages that never started
         are then given back, and not delivered to this worker again."""
-        self._processor = Processor(concurrency, self.hooks, self._not_consuming)
+        self._processor = Processor(
+            concurrency,
+            self.hooks,
+            self._not_consuming,
+            hold_ms=self.layout.hold_ms,
+            max_held=settings.max_held,
+        )
         self._consuming = Consuming(
             self.prefetch,
             self._processor.on_message,
             self._processor.on_taken_back,
             None if consumer_timeout is None else math.ceil(consumer_timeout * 1000),
+            held_prefetch,
         )
         self._told_timeout = False
         self._rng = random.Random()
@@ -145,6 +158,11 @@ class RunningWorker:
     def busy(self) -> int:
         """Handlers running now (messages waiting for a slot are not counted)."""
         return self._processor.busy
+
+    @property
+    def held(self) -> int:
+        """Deliveries held unacked until their due time."""
+        return len(self._processor.holder)
 
     @property
     def taken_back(self) -> int:
@@ -208,10 +226,11 @@ class RunningWorker:
                 self._tell_consumer_timeout(session)
                 self.ready.set()
                 log.info(
-                    "consuming %s (concurrency %d, prefetch %d per queue)",
+                    "consuming %s (concurrency %d, prefetch %d per queue)%s",
                     ", ".join(self.handlers),
                     self.concurrency,
                     self.prefetch,
+                    self._held_text(session),
                     extra={"url": self.settings.masked_url},
                 )
                 watches = (
@@ -230,6 +249,7 @@ class RunningWorker:
                         "what was in flight)",
                         self.settings.masked_url,
                     )
+                    self._processor.holder.taken_back(session, None)
                     await session.close(self.hooks)
                     session = None
                     await self._sleep_unless_stopped(0.2 + self._rng.random() * 0.3)
@@ -237,6 +257,14 @@ class RunningWorker:
         finally:
             self._processor.executor.shutdown(wait=False, cancel_futures=True)
         return self.exit_code
+
+    def _held_text(self, session: Session) -> str:
+        if not session.held:
+            return ""
+        return (
+            f"; held until due: {', '.join(sorted(session.held))} (prefetch "
+            f"{self._consuming.prefetch_for(True)}, max_held {self.settings.max_held})"
+        )
 
     async def _open(self) -> Session:
         return await Session.open(
@@ -268,6 +296,12 @@ class RunningWorker:
             await session.stop_consuming()
         self._not_consuming.set()
         self._processor.stopped()
+        if session is not None and not session.lost.is_set():
+            returned = self._processor.give_back_held()
+            if returned:
+                log.info("returning %d held message(s) to their queues, unhandled", returned)
+        else:
+            self._processor.holder.drain()  # the broker has them back already
         inflight = self._processor.inflight
         pending = set(inflight)
         if pending and not self._abort.is_set():

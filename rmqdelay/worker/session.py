@@ -24,7 +24,7 @@ from ..amqp.aiormq_private import AT_ONCE, deliver_at_once
 from ..amqp.connections import address_of, connect_async
 from ..amqp.consumers import consuming, is_consumer_timeout, on_broker_cancel
 from ..amqp.journal import write_probe
-from ..amqp.passive import queue_exists_async
+from ..amqp.passive import exchange_exists_async, queue_exists_async
 from ..core.handling.handlers import HandlerSpec
 from ..errors import AccessRefusedError, WorkerError
 from ..settings import Settings, mask_url
@@ -74,6 +74,12 @@ class Consuming:
     consumer_timeout_ms: int | None = None
     """Sent as the ``x-consumer-timeout`` consumer argument (RabbitMQ 4.3 honours it on
     quorum queues)."""
+    held_prefetch: int | None = None
+    """The prefetch of a held destination's consumer (``prefetch`` when None): room for
+    the messages it holds besides those its handlers take."""
+
+    def prefetch_for(self, held: bool) -> int:
+        return (self.held_prefetch or self.prefetch) if held else self.prefetch
 
     @property
     def arguments(self) -> dict[str, Any] | None:
@@ -112,6 +118,11 @@ class Session:
     own_cancels: set[str] = field(default_factory=set)
     """Consumer tags the worker cancelled itself (at shutdown): their messages stay held."""
     closing: bool = False
+    held: frozenset[str] = frozenset()
+    """The destinations consumed here that are held (settings or their topology marker)."""
+    qos: int = 0
+    """The prefetch the channel gives the consumers it starts next (``basic.qos`` applies
+    per consumer)."""
     woken: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when aiormq says the broker cancelled a consumer."""
     _told: bool = False
@@ -131,6 +142,7 @@ class Session:
             lost = asyncio.Event()
             connection.close_callbacks.add(lambda *_: lost.set())  # while the hooks start
             queues = await _check_queues(connection, settings, handlers)
+            held = await _held(connection, settings, handlers)
             await hooks.connect(connection, lost)
             channel = await connection.channel(publisher_confirms=False)
             await channel.set_qos(prefetch_count=consuming.prefetch)
@@ -141,7 +153,7 @@ class Session:
             acks = Acker(underlay)
             settler = Settler(publisher, park_exchange, settings.confirm_timeout, acks)
             session = cls(connection, channel, publisher, settler, lost, consuming)
-            session.underlay = underlay
+            session.underlay, session.held, session.qos = underlay, held, consuming.prefetch
             on_broker_cancel(session.underlay, session.woken.set)
             deliver_at_once(underlay)
             connection.close_callbacks.add(session._on_close)
@@ -170,6 +182,10 @@ class Session:
         runs the callback in a task of its own, awaited by aiormq's, and the worker
         starts one more that outlives a closing channel. Here aiormq's task hands the
         delivery over, and the worker's task is the only other."""
+        prefetch = self.consuming.prefetch_for(spec.destination in self.held)
+        if prefetch != self.qos:
+            await self.channel.set_qos(prefetch_count=prefetch)
+            self.qos = prefetch
         on_message, build = self.consuming.on_message, incoming_message()
 
         def hand_over(delivered: DeliveredMessage) -> None:
@@ -335,6 +351,25 @@ async def _check_queues(
             )
         found.append((destination, name))
     return found
+
+
+async def _held(
+    connection: AbstractConnection, settings: Settings, handlers: Mapping[str, HandlerSpec]
+) -> frozenset[str]:
+    """The destinations held by rmqdelay's consumers: named in ``held_destinations``, or
+    marked so by their topology (what publishers go by). A marker that cannot be read
+    (no permission) leaves its destination to the settings."""
+    layout, named = settings.layout, set(settings.held_destinations)
+    held = set()
+    for destination in handlers:
+        if destination in named:
+            held.add(destination)
+            continue
+        with contextlib.suppress(AccessRefusedError):
+            marker = layout.held_marker(destination)
+            if await exchange_exists_async(connection, marker, settings.confirm_timeout):
+                held.add(destination)
+    return frozenset(held)
 
 
 async def bounded(step: Awaitable[Any], seconds: float) -> Any:

@@ -59,11 +59,13 @@ class SharedTopology:
         layout, with ``destinations`` applied (re-declaring what exists is a no-op).
 
         ``extra`` settings that shape the tiers (``queue_type``, ``max_delay``...) get a
-        topology of their own; ``delivery_limit`` shapes only work queues, so it does not.
+        topology of their own; ``delivery_limit`` shapes only work queues and
+        ``held_destinations`` only adds markers, so they do not.
         """
         options: dict[str, Any] = {"max_delay": "1h", "connection_name": connection_name, **extra}
         settings = Settings(url=self.amqp_url, prefix=self.prefix, **options)
-        ignored = {"url", "prefix", "connection_name", "delivery_limit"}
+        # held destinations add a marker exchange each, not another shape of tiers
+        ignored = {"url", "prefix", "connection_name", "delivery_limit", "held_destinations"}
         shape = {k: v for k, v in settings.as_dict().items() if k not in ignored}
         key = tuple(sorted((k, repr(v)) for k, v in shape.items()))
         if key not in self._prefixes:

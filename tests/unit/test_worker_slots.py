@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from rmqdelay.worker.process import _Slots
+from rmqdelay.worker.slots import Slots
 
 
 async def test_a_released_slot_goes_to_the_first_waiter() -> None:
-    slots = _Slots(1)
+    slots = Slots(1)
     assert await slots.acquire()
     second = asyncio.ensure_future(slots.acquire())
     third = asyncio.ensure_future(slots.acquire())
@@ -27,7 +27,7 @@ async def test_a_released_slot_goes_to_the_first_waiter() -> None:
 
 
 async def test_closing_ends_every_wait_with_false() -> None:
-    slots = _Slots(1)
+    slots = Slots(1)
     assert await slots.acquire()
     waiting = asyncio.ensure_future(slots.acquire())
     await asyncio.sleep(0)
@@ -37,7 +37,7 @@ async def test_closing_ends_every_wait_with_false() -> None:
 
 
 async def test_a_cancelled_waiter_handed_a_slot_passes_it_on() -> None:
-    slots = _Slots(1)
+    slots = Slots(1)
     assert await slots.acquire()
     cancelled = asyncio.ensure_future(slots.acquire())
     after = asyncio.ensure_future(slots.acquire())
@@ -51,7 +51,7 @@ async def test_a_cancelled_waiter_handed_a_slot_passes_it_on() -> None:
 
 
 async def test_a_slot_handed_just_before_closing_is_given_back() -> None:
-    slots = _Slots(1)
+    slots = Slots(1)
     assert await slots.acquire()
     waiting = asyncio.ensure_future(slots.acquire())
     await asyncio.sleep(0)
