@@ -13,6 +13,7 @@ counts them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,10 +26,12 @@ from ..core.clock import now_ms
 from ..core.handling.handlers import HandlerSpec
 from ..core.handling.hold import HeldCount, HoldHeap
 from .delivery import Delivery
+from .hooks import Hooks
 from .metrics import HELD
 from .session import Session
+from .settle import SETTLE_ERRORS
 
-__all__ = ["Held", "Holder"]
+__all__ = ["Held", "Holder", "redelay"]
 
 log = logging.getLogger("rmqdelay.worker")
 
@@ -75,9 +78,9 @@ class Holder:
             self._gauges[destination] = HELD.labels(destination)
         if count.add():
             log.warning(
-                "holding %d messages for %s, max_held (%d): it takes no more until some "
-                "are due (its prefetch bounds what the broker sends; raise max_held, or "
-                "run more workers)",
+                "holding %d messages for %s, its max_held (%d): it takes no more than its "
+                "prefetch lets the broker send until some are due (raise max_held, or run "
+                "more workers)",
                 count.count,
                 destination,
                 self.max_held,
@@ -137,3 +140,29 @@ class Holder:
         for item in held:
             self._forget(item)
         return held
+
+
+async def redelay(
+    session: Session,
+    spec: HandlerSpec,
+    message: AbstractIncomingMessage,
+    delivery: Delivery,
+    due_ms: int,
+    hooks: Hooks,
+) -> None:
+    """Due too far ahead to hold (the consumer timeout would take it back): published
+    again due at the same time, confirmed (the same id, headers and attempt, recorded in
+    the journal as a retry is), then acked; the copy comes back within the hold window.
+    The cancel and keys hooks are asked when that copy is released, not now."""
+    if session.taken_back(message):
+        return
+    ahead_s = (due_ms - delivery.received_ms) / 1000
+    reason = f"due in {ahead_s:.1f}s, past the hold window: sent round the delay tiers again"
+    try:
+        settled = await session.settler.forward(spec, message, delivery, due_ms, reason)
+    except Exception:  # a bug of ours: never leave the message unacked for good
+        log.exception("internal error; requeueing the message", extra=delivery.fields)
+        with contextlib.suppress(*SETTLE_ERRORS):
+            await session.settler.acks.reject(message, requeue=True)
+        return
+    hooks.settled(delivery, settled)

@@ -26,7 +26,7 @@ from ..core.handling.retry import Decision, decide
 from ..core.handling.takeback import Claim, Key, TakenBack, key_of
 from .context import Context
 from .delivery import Delivery, read_delivery
-from .holding import Held, Holder
+from .holding import Held, Holder, redelay
 from .hooks import HANDLE, Admission, Hooks, Settled
 from .metrics import CONSUMER_TIMEOUTS
 from .session import Cause, Session
@@ -107,7 +107,7 @@ class Processor:
                 self.holder.hold(session, spec, message, delivery, due_ms)
                 return
             if action == "redelay":
-                self._start(self._redelay(session, spec, message, delivery, due_ms))
+                self._start(redelay(session, spec, message, delivery, due_ms, self.hooks))
                 return
         self._start(self._process(session, spec, message, delivery))
 
@@ -119,30 +119,6 @@ class Processor:
     def _released(self, held: Held) -> None:
         """A held delivery is due: now it goes the way of any other."""
         self._start(self._process(held.session, held.spec, held.message, held.delivery))
-
-    async def _redelay(
-        self,
-        session: Session,
-        spec: HandlerSpec,
-        message: AbstractIncomingMessage,
-        delivery: Delivery,
-        due_ms: int,
-    ) -> None:
-        """Due too far ahead to hold (the consumer timeout): published again due at the
-        same time, confirmed (the same id, headers and attempt, as a retry is), then
-        acked; the copy comes back within the hold window. Its hooks ask at release."""
-        if session.taken_back(message):
-            return
-        ahead_s = (due_ms - delivery.received_ms) / 1000
-        reason = f"due in {ahead_s:.1f}s, past the hold window: sent round the delay tiers again"
-        try:
-            settled = await session.settler.forward(spec, message, delivery, due_ms, reason)
-        except Exception:
-            log.exception("internal error; requeueing the message", extra=delivery.fields)
-            with contextlib.suppress(*SETTLE_ERRORS):
-                await session.settler.acks.reject(message, requeue=True)
-            return
-        self.hooks.settled(delivery, settled)
 
     def give_back_held(self) -> int:
         """The worker stops: every held delivery goes back to its queue unhandled (a

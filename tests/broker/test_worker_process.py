@@ -7,10 +7,12 @@ The worker runs ``tests/helpers/worker_apps.py:app`` in a process of its own, co
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -304,3 +306,69 @@ def test_cli_errors_name_the_thing_to_fix(
     assert code == 1
     assert f"work queue '{settings.prefix}.work.{slow}'" in text
     assert f"rmqdelay topology apply --destination {slow}" in text
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _held_gauge(port: int, dest: str) -> float:
+    """The worker's ``rmqdelay_held_messages`` for ``dest`` (0 while it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    sample = f'rmqdelay_held_messages{{destination="{dest}"}} '
+    for line in text.splitlines():
+        if line.startswith(sample):
+            return float(line[len(sample) :])
+    return 0.0
+
+
+def test_sigkill_while_holding_loses_nothing_and_hands_nothing_over_early(
+    shared_topology: TestTopology, tmp_path: Path, procs: list[WorkerProcess]
+) -> None:
+    """A held destination (its topology marked; the worker finds the marker itself):
+    the first worker holds every message when it is killed; the broker gives them back,
+    and the next worker waits out what remains of each."""
+    held = shared_topology.dest("held")
+    settings = shared_topology.settings([held], held_destinations=[held])
+    log = tmp_path / "handled.log"
+    env = {**worker_env(settings, log, sleep=0, topology=shared_topology)}
+    env["WORKER_TEST_HELD"] = held
+    port = _free_port()
+    first = WorkerProcess(tmp_path, env, "-Q", held, "--metrics-port", str(port))
+    procs.append(first)
+    wait_for(lambda: "consuming" in first.output, 30, "the first worker consuming", first)
+    total = 40
+    with Publisher(settings) as publisher:
+        results = publisher.publish_many(
+            {"destination": held, "body": {"n": i}, "delay": 2.0 + i * 0.01} for i in range(total)
+        )
+    wait_for(lambda: _held_gauge(port, held) == total, 10, f"{total} held", first)
+    first.proc.send_signal(signal.SIGKILL)
+    assert first.wait(10) == -signal.SIGKILL
+    killed_at_ms = time.time_ns() // 1_000_000
+    second = WorkerProcess(tmp_path, env, "-Q", held)
+    procs.append(second)
+
+    def handled() -> dict[str, tuple[int, int]]:
+        rows = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+        return {r[1]: (int(r[2]), int(r[3])) for r in rows if len(r) == 5 and r[0] == "held"}
+
+    wait_for(lambda: len(handled()) == total, 30, "every message handled", second)
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.wait(20) == 0, second.output
+    rows = [line.split() for line in log.read_text().splitlines()]
+    assert len(rows) == total, "a message was handled twice"
+    seen = handled()
+    for result in results:
+        due_ms, at_ms = seen[result.message_id]
+        assert due_ms == result.due_at_ms
+        assert at_ms >= due_ms, f"handled {due_ms - at_ms} ms early"
+        # late by at most the restart, for those due before the next worker came
+        assert at_ms - max(due_ms, killed_at_ms) <= 10_000
+    assert depth(settings, work_queue(settings, held)) == 0

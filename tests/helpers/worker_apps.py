@@ -57,3 +57,18 @@ async def recur(msg: object, ctx: Context) -> None:
     record("start", ctx)
     await asyncio.sleep(_SLEEP)
     record("done", ctx)
+
+
+HELD = os.environ.get("WORKER_TEST_HELD", "held")
+
+
+@app.handler(HELD)
+async def held(msg: object, ctx: Context) -> None:
+    """Async, for a held destination: one ``held <id> <due ms> <now ms> <pid>`` line."""
+    due_ms = 0 if ctx.due_at is None else round(ctx.due_at.timestamp() * 1000)
+    line = f"held {ctx.message_id} {due_ms} {time.time_ns() // 1_000_000} {os.getpid()}\n"
+    fd = os.open(os.environ["WORKER_TEST_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)

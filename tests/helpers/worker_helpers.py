@@ -60,12 +60,14 @@ class SharedTopology:
 
         ``extra`` settings that shape the tiers (``queue_type``, ``max_delay``...) get a
         topology of their own; ``delivery_limit`` shapes only work queues and
-        ``held_destinations`` only adds markers, so they do not.
+        ``held_destinations`` only adds markers (``max_held`` only the worker), so they
+        do not.
         """
         options: dict[str, Any] = {"max_delay": "1h", "connection_name": connection_name, **extra}
         settings = Settings(url=self.amqp_url, prefix=self.prefix, **options)
         # held destinations add a marker exchange each, not another shape of tiers
-        ignored = {"url", "prefix", "connection_name", "delivery_limit", "held_destinations"}
+        ignored = {"url", "prefix", "connection_name", "delivery_limit"}
+        ignored |= {"held_destinations", "max_held"}
         shape = {k: v for k, v in settings.as_dict().items() if k not in ignored}
         key = tuple(sorted((k, repr(v)) for k, v in shape.items()))
         if key not in self._prefixes:
