@@ -188,7 +188,8 @@ def _describe(worker: Worker, settings: Settings, queues: list[str] | None) -> N
     "--prefetch",
     type=click.IntRange(1, 65_535),
     metavar="N",
-    help="Unacked messages per queue (default: --concurrency).",
+    help="Unacked messages per queue, held ones included (default: --concurrency; "
+    "--concurrency + max_held for a held destination).",
 )
 @click.option(
     "-Q",
