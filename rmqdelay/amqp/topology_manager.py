@@ -18,6 +18,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from ..core.topology import (
+    BRIDGE_MARKER_ARGUMENT,
     Binding,
     Exchange,
     Queue,
@@ -132,6 +133,8 @@ class TopologyManager:
             try:
                 for exchange in self.management.exchanges(layout.held_marker("")):
                     name = str(exchange.get("name", ""))
+                    if BRIDGE_MARKER_ARGUMENT in (exchange.get("arguments") or {}):
+                        continue  # an x-delay bridge's own (bridge.names)
                     if (destination := layout.held_of(name)) is not None:
                         found[name] = destination
             except (OSError, ValueError):

@@ -19,6 +19,7 @@ from .layout import DIGITS, Layout, segment_bytes
 from .routing import validate_destination
 
 __all__ = [
+    "BRIDGE_MARKER_ARGUMENT",
     "PARKING_DELIVERY_LIMIT",
     "PLACEMENT_ARGUMENTS",
     "STREAM_RETENTION",
@@ -34,6 +35,10 @@ __all__ = [
     "stale_marker_note",
     "stream_arguments",
 ]
+
+BRIDGE_MARKER_ARGUMENT = "rmqdelay-bridge"
+"""The argument of an x-delay bridge's held marker (its value: the bridge's ``NAME``):
+the marker is the bridge's own, which ``topology plan`` does not report as left over."""
 
 QueueRole = Literal["tier", "work", "parking", "journal", "checkpoints", "inbox"]
 ExchangeKind = Literal["topic", "fanout", "direct", "headers"]
