@@ -79,7 +79,7 @@ def test_consume_prints_held_messages_when_due_and_a_due_one_at_once(
     with consuming(settings, dest, 4) as process, Publisher(settings) as publisher:
         held = [publisher.publish(dest, f"h{n}", delay=f"{EARLY_MS}ms") for n in range(3)]
         assert all(r.hops == 0 for r in held)  # held: straight to the work queue, early
-        now = publisher.publish(dest, "now")
+        now = publisher.publish(dest, "now", delay=0)
         lines = _lines(process)
     assert lines[0]["body"] == "now"  # not kept behind the held ones
     assert lines[0]["received_at_ms"] < min(r.due_at_ms for r in held)
