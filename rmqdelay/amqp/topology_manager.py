@@ -126,7 +126,8 @@ class TopologyManager:
     def stale_markers(self, destinations: Iterable[str] = ()) -> dict[str, str]:
         """Held markers on the broker of destinations not held here, marker -> destination:
         the management API's list of exchanges when it answers, else a passive check of
-        each destination named (``-d``, the settings)."""
+        each destination named (``-d``, the settings), which cannot tell an x-delay
+        bridge's own marker (its argument) from a left-over one."""
         layout = self.layout
         found: dict[str, str] = {}
         if not self.management_problem:
@@ -137,12 +138,12 @@ class TopologyManager:
                         continue  # an x-delay bridge's own (bridge.names)
                     if (destination := layout.held_of(name)) is not None:
                         found[name] = destination
+                return {m: d for m, d in sorted(found.items()) if d not in self.held}
             except (OSError, ValueError):
                 pass
         for destination in dict.fromkeys([*self.settings.destinations, *destinations]):
             marker = layout.held_marker(destination)
-            unknown = destination not in self.held and marker not in found
-            if unknown and self._exists("exchange", marker) is not None:
+            if destination not in self.held and self._exists("exchange", marker) is not None:
                 found[marker] = destination
         return {m: d for m, d in sorted(found.items()) if d not in self.held}
 
