@@ -8,6 +8,7 @@ needs configure permission.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import time
 from typing import Any
@@ -23,9 +24,11 @@ from ..core.journal.records import decode_records, journal_name
 from ..core.journal.steps import JournalStep, Read, StreamMessage
 from ..core.layout import Layout
 from ..core.status import ParkedBreakdown, QueueCounts, Status, build_status, count_parked
+from ..errors import AccessRefusedError
 from ..settings import Settings
 from .connections import connect_blocking
 from .management import ManagementApi
+from .passive import exchange_exists
 from .streams import BlockingStream, peek_last
 from .topology_manager import TopologyManager
 
@@ -178,6 +181,33 @@ def peek_parked(
             channel.close()  # every message read goes back, none was acked
 
 
+def _held(
+    manager: TopologyManager,
+    connection: pika.BlockingConnection,
+    destinations: list[str],
+    api: bool,
+) -> list[str] | None:
+    """The destinations whose held marker exists: one listing of the API's exchanges, or
+    a passive check each; None when neither can tell (a refused check)."""
+    layout = manager.layout
+    if api:
+        try:
+            found = manager.management.exchanges(layout.held_marker(""))
+            marked = {layout.held_of(str(e.get("name", ""))) for e in found}
+            return [d for d in destinations if d in marked]
+        except (OSError, ValueError):
+            pass
+    quiet = logging.getLogger("pika.channel")  # it logs each 404 as a warning
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        return [d for d in destinations if exchange_exists(connection, layout.held_marker(d))]
+    except AccessRefusedError:
+        return None
+    finally:
+        quiet.setLevel(level)
+
+
 def gather_status(
     settings: Settings,
     destinations: list[str] | None = None,
@@ -221,8 +251,15 @@ def gather_status(
         if journal_oldest and journal is not None and journal.messages != 0:
             oldest = _oldest_record_ms(settings, journal_name(layout))
         checkpoint = _latest_checkpoint(connection, layout) if journal is not None else None
+        held = _held(manager, connection, wanted, source == "management API")
         status = build_status(
-            layout, counts, wanted, source, journal_oldest_ms=oldest, checkpoint=checkpoint
+            layout,
+            counts,
+            wanted,
+            source,
+            journal_oldest_ms=oldest,
+            checkpoint=checkpoint,
+            held=held,
         )
         if parked_peek is not None and status.parked is not None:
             breakdown = peek_parked(connection, layout, parked_peek)

@@ -18,6 +18,7 @@ import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
 from ..core.topology import (
+    BRIDGE_MARKER_ARGUMENT,
     Binding,
     Exchange,
     Queue,
@@ -25,6 +26,7 @@ from ..core.topology import (
     build_topology,
     kept_difference,
     retention_policy,
+    stale_marker_note,
 )
 from ..errors import TopologyConflictError, TopologyError
 from ..settings import Settings
@@ -32,9 +34,14 @@ from .connections import connect_blocking
 from .management import MANAGEMENT_URL_HINT, ManagementApi, same_cluster
 from .pika_private import server_properties
 
-__all__ = ["DELIVERY_LIMIT_NOTE", "PLACEMENT_NOTE", "ObjectState", "TopologyManager"]
+__all__ = [
+    "DELIVERY_LIMIT_NOTE",
+    "PLACEMENT_NOTE",
+    "ObjectState",
+    "TopologyManager",
+]
 
-Status = Literal["ok", "missing", "differs", "unchecked"]
+Status = Literal["ok", "missing", "differs", "unchecked", "stale"]
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<arg>[^']+)' for (?P<kind>queue|exchange) '(?P<name>[^']+)'"
     r" in vhost '[^']*': received (?P<wanted>.+?) but current is (?P<found>.+)$"
@@ -68,10 +75,16 @@ class TopologyManager:
     """Plan, apply, verify and destroy one prefix's objects."""
 
     def __init__(
-        self, settings: Settings, *, connection: pika.BlockingConnection | None = None
+        self,
+        settings: Settings,
+        *,
+        connection: pika.BlockingConnection | None = None,
+        held: Iterable[str] = (),
     ) -> None:
         self.settings = settings
         self.layout = settings.layout
+        self.held: tuple[str, ...] = tuple(dict.fromkeys([*settings.held_destinations, *held]))
+        """Destinations held by rmqdelay's consumers: the settings' and ``--held``'s."""
         self._connection = connection
         self._owns_connection = connection is None
         self._channel: BlockingChannel | None = None
@@ -107,8 +120,40 @@ class TopologyManager:
         return build_topology(
             self.layout,
             [*self.settings.destinations, *destinations],
-            self.settings.held_destinations,
+            self.held,
         )
+
+    def stale_markers(self, destinations: Iterable[str] = ()) -> dict[str, str]:
+        """Held markers on the broker of destinations not held here, marker -> destination:
+        the management API's list of exchanges when it answers, else a passive check of
+        each destination named (``-d``, the settings), which cannot tell an x-delay
+        bridge's own marker (its argument) from a left-over one."""
+        layout = self.layout
+        found: dict[str, str] = {}
+        if not self.management_problem:
+            try:
+                for exchange in self.management.exchanges(layout.held_marker("")):
+                    name = str(exchange.get("name", ""))
+                    if BRIDGE_MARKER_ARGUMENT in (exchange.get("arguments") or {}):
+                        continue  # an x-delay bridge's own (bridge.names)
+                    if (destination := layout.held_of(name)) is not None:
+                        found[name] = destination
+                return {m: d for m, d in sorted(found.items()) if d not in self.held}
+            except (OSError, ValueError):
+                pass
+        for destination in dict.fromkeys([*self.settings.destinations, *destinations]):
+            marker = layout.held_marker(destination)
+            if destination not in self.held and self._exists("exchange", marker) is not None:
+                found[marker] = destination
+        return {m: d for m, d in sorted(found.items()) if d not in self.held}
+
+    def stale_notes(self, destinations: Iterable[str] = ()) -> list[str]:
+        """A line per stale held marker (:meth:`stale_markers`), saying how to remove it."""
+        hold_ms = self.layout.hold_ms
+        return [
+            f"exchange {marker!r} {stale_marker_note(marker, destination, hold_ms)}"
+            for marker, destination in self.stale_markers(destinations).items()
+        ]
 
     # -- channels: a failed passive check closes the channel, so open a fresh one --
 
@@ -281,7 +326,12 @@ class TopologyManager:
             except TopologyConflictError as exc:
                 detail = f"{exc.argument}: found {exc.found}, wanted {exc.wanted}"
                 states.append(ObjectState(kind, obj.name, "differs", detail))
-        return states + self._binding_states(topology)
+        hold_ms = self.layout.hold_ms
+        stale = [
+            ObjectState("exchange", m, "stale", stale_marker_note(m, d, hold_ms))
+            for m, d in self.stale_markers(destinations).items()
+        ]
+        return states + stale + self._binding_states(topology)
 
     def leaders(self) -> dict[str, str]:
         """The node leading each of the prefix's quorum queues, when the management API is
@@ -355,7 +405,7 @@ class TopologyManager:
             for s in self._binding_states(topology)
             if s.status == "missing"
         ]
-        return problems
+        return problems + self.stale_notes(destinations)
 
     def discover_destinations(self) -> list[str]:
         """Destinations whose work queues exist, when the management API can tell."""
@@ -388,4 +438,7 @@ class TopologyManager:
             if self._exists("exchange", exchange.name) is not None:
                 self._chan().exchange_delete(exchange.name)
                 deleted.append(exchange.name)
+        for marker in self.stale_markers(extra):  # marks of destinations not held here
+            self._chan().exchange_delete(marker)
+            deleted.append(marker)
         return deleted

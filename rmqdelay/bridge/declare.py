@@ -47,7 +47,8 @@ class BridgeDeclared:
         return [
             f"publishers send to {names.exchange!r} ({self.topology.exchange_type}, x-delay "
             f"in ms); bind consumers' queues to {names.delivery_exchange!r}",
-            f"inbox {names.inbox!r}, destination {names.destination!r}",
+            f"inbox {names.inbox!r}, destination {names.destination!r} (held: it comes to "
+            "the bridge up to a few seconds early, which waits out the rest)",
             *self.notes,
         ]
 

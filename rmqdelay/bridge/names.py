@@ -18,7 +18,14 @@ from typing import Any, Literal
 
 from ..core.layout import Layout
 from ..core.routing import validate_destination
-from ..core.topology import Binding, Exchange, Queue, Topology, queue_arguments
+from ..core.topology import (
+    BRIDGE_MARKER_ARGUMENT,
+    Binding,
+    Exchange,
+    Queue,
+    Topology,
+    queue_arguments,
+)
 from ..errors import ConfigurationError
 
 __all__ = [
@@ -176,6 +183,10 @@ def bridge_topology(layout: Layout, names: BridgeNames, exchange_type: str) -> B
         # a message the bridge fails on, again and again, is parked by the broker
         arguments["x-delivery-limit"] = layout.delivery_limit
     exchanges = [Exchange(names.exchange, kind), Exchange(names.delivery_exchange, kind)]
+    # the destination is the bridge's alone: stage 2, rmqdelay's worker, waits out the
+    # last stretch, so its messages skip the lowest digits (docs/protocol.md, §10)
+    marker = {BRIDGE_MARKER_ARGUMENT: names.exchange}
+    exchanges.append(Exchange(layout.held_marker(names.destination), "fanout", marker))
     queues = (Queue(names.inbox, "inbox", arguments),)
     policy = None
     if kind == "direct":

@@ -194,7 +194,6 @@ def _run_bridge(
     )
     check_declared(settings, bridge.names)
     serve_metrics(metrics_port, settings)
-    runner = bridge.runner(
-        concurrency=concurrency, prefetch=concurrency, shutdown_timeout=shutdown_timeout
-    )
+    # prefetch: the worker's, concurrency, and as much again as it may hold (max_held)
+    runner = bridge.runner(concurrency=concurrency, shutdown_timeout=shutdown_timeout)
     return run_to_end(runner)

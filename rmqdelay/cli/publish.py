@@ -227,7 +227,10 @@ async def _consume(
 ) -> int:
     """A :class:`~rmqdelay.Worker` whose handler prints: the worker's journal tail skips
     (and acks) a cancelled copy, its settle acks what was shown. One message at a time,
-    so nothing past ``count`` is shown; how many were shown."""
+    so nothing past ``count`` is shown; how many were shown. On a held destination the
+    worker holds what comes early (up to ``max_held``, its prefetch 1 + that) and hands
+    each over when due, so nothing is printed early and a message due now is not kept
+    waiting behind held ones."""
     import asyncio
 
     from ..core.handling.retry import Requeue
@@ -242,8 +245,14 @@ async def _consume(
 
                 err().print(f"cancelled: {escape(delivery.message_id)} (acked, not shown)")
 
-    await _check_queue(settings, destination)
+    held = await _check_queue(settings, destination)
     _say_waiting(settings.layout.work_queue(destination), count, timeout)
+    if held:
+        err().print(
+            f"held destination: messages come up to {settings.layout.hold_ms} ms early and "
+            f"are shown when due (up to {settings.max_held} held at once)",
+            highlight=False,
+        )
     shown = 0
     enough = asyncio.Event()
     broken: list[OSError] = []
@@ -264,7 +273,7 @@ async def _consume(
 
     app = Worker(settings, max_attempts=1, hooks=[_SaysCancelled()])
     app.add_handler(destination, show)
-    runner = app.runner(concurrency=1, prefetch=1)
+    runner = app.runner(concurrency=1)  # prefetch 1, or 1 + max_held if held
     running = asyncio.create_task(runner.run())
     waiting = asyncio.create_task(enough.wait())
     await asyncio.wait({running, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -276,18 +285,27 @@ async def _consume(
     return shown
 
 
-async def _check_queue(settings: Settings, destination: str) -> None:
+async def _check_queue(settings: Settings, destination: str) -> bool:
     """Fail at once on a broker that does not answer or a destination without its queue,
-    before the worker's start, which retries the first and names the handler."""
+    before the worker's start, which retries the first and names the handler. Whether
+    the destination is held (its marker, or the settings), to say so."""
     from ..amqp.connections import connect_async
-    from ..amqp.passive import queue_exists_async
+    from ..amqp.passive import exchange_exists_async, queue_exists_async
     from ..core.failures import unknown_destination
+    from ..errors import AccessRefusedError
 
     connection = await connect_async(settings, "consume")
     try:
         queue = settings.layout.work_queue(destination)
         if not await queue_exists_async(connection, queue, settings.confirm_timeout):
             raise unknown_destination(settings.layout, destination)
+        if destination in settings.held_destinations:
+            return True
+        marker = settings.layout.held_marker(destination)
+        try:
+            return await exchange_exists_async(connection, marker, settings.confirm_timeout)
+        except AccessRefusedError:
+            return False
     finally:
         await connection.close()
 

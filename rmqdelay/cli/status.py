@@ -88,6 +88,12 @@ def _tables(status: Status) -> tuple[list[_Table], list[Cell]]:
         for row in status.destinations
     ]
     lines: list[Cell] = [f"parked: {_n(status.parked)}"]
+    marked = [row.destination for row in status.destinations if row.held]
+    if marked:
+        lines.append(
+            f"held (consumers wait out up to {format_ms(status.hold_ms)}; a plain AMQP "
+            f"consumer would get messages early): {', '.join(marked)}"
+        )
     peek = status.parked_by_destination
     if peek is not None:
         parts = [f"{d} {n:,}" for d, n in peek.destinations.items()]

@@ -39,24 +39,42 @@ _destinations = click.option(
     metavar="DESTINATION",
     help="A destination (work queue); repeat for more.",
 )
+_held = click.option(
+    "--held",
+    multiple=True,
+    metavar="DESTINATION",
+    help="A destination whose consumers are all rmqdelay's, marked held: its messages come "
+    "up to the hold window early and the consumer waits out the rest (besides "
+    "held_destinations); repeat for more.",
+)
 _management_url = management_url_option("to list bindings and work queues")
-_STATUS_STYLE = {"ok": "green", "missing": "yellow", "differs": "bold red", "unchecked": "dim"}
+_STATUS_STYLE = {
+    "ok": "green",
+    "missing": "yellow",
+    "differs": "bold red",
+    "unchecked": "dim",
+    "stale": "bold red",
+}
 
 
 @app.command(
     "plan",
     epilog=epilog(
-        "Exits 0 only when nothing is missing or different.",
+        "Exits 0 only when nothing is missing or different; a held marker of a destination "
+        "not held (stale) is a difference.",
         "rmqdelay topology plan -d orders-timeout",
+        "rmqdelay topology plan -d orders-timeout --held emails",
     ),
 )
 @_destinations
+@_held
 @broker_options
 @click.option("--show-ok/--no-show-ok", default=False, help="List objects that are fine too.")
 @_management_url
 @friendly_errors
 def topology_plan(
     destination: tuple[str, ...],
+    held: tuple[str, ...],
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
@@ -67,7 +85,7 @@ def topology_plan(
     from ..amqp.topology_manager import TopologyManager
 
     settings = settings_from(url, prefix, config, management_url=management_url)
-    with TopologyManager(settings) as manager:
+    with TopologyManager(settings, held=held) as manager:
         states = manager.plan(destination)
         unusable = _management_note(manager, settings, "bindings were not checked")
     counts: dict[str, int] = {}
@@ -85,21 +103,26 @@ def topology_plan(
             console=out(),
         )
     out().print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
-    if counts.get("missing") or counts.get("differs") or unusable:
+    if counts.get("missing") or counts.get("differs") or counts.get("stale") or unusable:
         raise Exit(1)
 
 
 @app.command(
     "apply",
     epilog=epilog(
-        "Idempotent; never deletes.", "rmqdelay topology apply -d orders-timeout -d emails"
+        "Idempotent; never deletes: a held marker of a destination no longer held is "
+        "reported, with how to remove it.",
+        "rmqdelay topology apply -d orders-timeout -d emails",
+        "rmqdelay topology apply -d orders-timeout --held emails",
     ),
 )
 @_destinations
+@_held
 @broker_options
 @friendly_errors
 def apply(
     destination: tuple[str, ...],
+    held: tuple[str, ...],
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
@@ -108,32 +131,48 @@ def apply(
     from ..amqp.topology_manager import DELIVERY_LIMIT_NOTE, PLACEMENT_NOTE, TopologyManager
 
     settings = settings_from(url, prefix, config)
-    with TopologyManager(settings) as manager:
+    with TopologyManager(settings, held=held) as manager:
         topology = manager.apply(destination)
+        stale = manager.stale_notes(destination)
     work = [q.name for q in topology.queues if q.role == "work"]
     out().print(
         f"applied {len(topology.exchanges)} exchanges, {len(topology.queues)} queues "
         f"and {len(topology.bindings)} bindings on {settings.masked_url}"
         + (f"; work queues: {', '.join(work)}" if work else "")
     )
+    if manager.held:
+        out().print(
+            f"held (consumers wait out the last {settings.layout.hold_ms} ms): "
+            + ", ".join(manager.held)
+        )
     if manager.placement_kept:
         out().print(f"note: {len(manager.placement_kept)} existing queue(s) were {PLACEMENT_NOTE}")
     if manager.delivery_limit_kept:
         out().print(f"note: the parking queue was {DELIVERY_LIMIT_NOTE}")
     for name in manager.retention_kept:
         out().print(f"note: the stream {name} was {manager.retention_note()}")
+    from rich.markup import escape
+
+    for note in stale:
+        err().print(f"[yellow]warning:[/] {escape(note)}", highlight=False)
 
 
 @app.command(
     "verify",
-    epilog=epilog("Needs no configure permission.", "rmqdelay topology verify -d orders-timeout"),
+    epilog=epilog(
+        "Needs no configure permission. A held marker of a destination not held is a problem.",
+        "rmqdelay topology verify -d orders-timeout",
+        "rmqdelay topology verify -d orders-timeout --held emails",
+    ),
 )
 @_destinations
+@_held
 @broker_options
 @_management_url
 @friendly_errors
 def topology_verify(
     destination: tuple[str, ...],
+    held: tuple[str, ...],
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
@@ -143,7 +182,7 @@ def topology_verify(
     from ..amqp.topology_manager import TopologyManager
 
     settings = settings_from(url, prefix, config, management_url=management_url)
-    with TopologyManager(settings) as manager:
+    with TopologyManager(settings, held=held) as manager:
         problems = manager.verify(destination)
         unusable = _management_note(manager, settings, "bindings were not checked")
     for problem in problems:

@@ -130,6 +130,11 @@ class Layout:
         consumers (``topology apply --held``): publishers check it once, passively."""
         return f"{self.prefix}{_HELD_INFIX}{destination}"
 
+    def held_of(self, exchange: str) -> str | None:
+        """The destination whose held marker ``exchange`` is, or None."""
+        head = f"{self.prefix}{_HELD_INFIX}"
+        return exchange[len(head) :] or None if exchange.startswith(head) else None
+
     @property
     def named(self) -> tuple[Position, ...]:
         return self.positions[: len(self.positions) - self.positional_count]

@@ -79,6 +79,9 @@ class DestinationStatus:
     ready: int | None
     unacked: int | None
     consumers: int | None
+    held: bool | None = None
+    """Marked held (``topology apply --held``): its messages come up to the hold window
+    early and its consumers, rmqdelay's, wait out the rest. None: not checked."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,8 @@ class Status:
     recurring: dict[str, int] | None = None
     """Recurring schedules by state (active, paused); only when asked for
     (``--recurring``): it reads the schedule journal."""
+    hold_ms: int = 0
+    """How early a held destination's messages may come (the layout's hold window)."""
 
     @property
     def scheduled(self) -> int:
@@ -158,8 +163,11 @@ def build_status(
     *,
     journal_oldest_ms: int | None = None,
     checkpoint: Pointer | None = None,
+    held: Iterable[str] | None = None,
 ) -> Status:
-    """Assemble the snapshot; ``counts`` holds the queues that exist, by name."""
+    """Assemble the snapshot; ``counts`` holds the queues that exist, by name; ``held``
+    the destinations whose held marker exists (None: not checked)."""
+    marked = None if held is None else set(held)
     missing: list[str] = []
 
     def get(name: str) -> QueueCounts | None:
@@ -190,6 +198,7 @@ def build_status(
                 c.ready if c else None,
                 c.unacked if c else None,
                 c.consumers if c else None,
+                None if marked is None else destination in marked,
             )
         )
     parking = get(layout.parking)
@@ -213,6 +222,7 @@ def build_status(
         parking.messages if parking else None,
         journal,
         missing,
+        hold_ms=layout.hold_ms,
     )
 
 

@@ -19,6 +19,7 @@ from .layout import DIGITS, Layout, segment_bytes
 from .routing import validate_destination
 
 __all__ = [
+    "BRIDGE_MARKER_ARGUMENT",
     "PARKING_DELIVERY_LIMIT",
     "PLACEMENT_ARGUMENTS",
     "STREAM_RETENTION",
@@ -31,8 +32,13 @@ __all__ = [
     "kept_difference",
     "queue_arguments",
     "retention_policy",
+    "stale_marker_note",
     "stream_arguments",
 ]
+
+BRIDGE_MARKER_ARGUMENT = "rmqdelay-bridge"
+"""The argument of an x-delay bridge's held marker (its value: the bridge's ``NAME``):
+the marker is the bridge's own, which ``topology plan`` does not report as left over."""
 
 QueueRole = Literal["tier", "work", "parking", "journal", "checkpoints", "inbox"]
 ExchangeKind = Literal["topic", "fanout", "direct", "headers"]
@@ -234,3 +240,15 @@ def build_topology(
         if destination in held:
             exchanges.append(Exchange(layout.held_marker(destination), "fanout"))
     return Topology(tuple(exchanges), tuple(queues), tuple(bindings))
+
+
+def stale_marker_note(marker: str, destination: str, hold_ms: int) -> str:
+    """What a held marker left for a destination no longer held means, and how to go."""
+    return (
+        f"marks {destination!r} held, which is not held here (--held, held_destinations): "
+        f"publishers still send its messages up to {hold_ms} ms early, which a plain AMQP "
+        f"consumer would see. If it should not be held, delete the exchange {marker!r} "
+        f"(`rabbitmqadmin delete exchange name={marker}`, or the management UI's Exchanges "
+        "tab), then restart its publishers (they check once per connection); if it should, "
+        f"pass --held {destination}"
+    )

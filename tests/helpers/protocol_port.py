@@ -99,6 +99,15 @@ class PortLayout:
         )
 
     @property
+    def hold_ms(self) -> int:
+        """§10: the largest `r * b^k` (k < P) not over 3,000 ms; at least one unit."""
+        units = 1
+        for k in range(1, self.p):
+            if self.r * self.radix**k <= 3_000:
+                units = self.radix**k
+        return units * self.r
+
+    @property
     def capacity(self) -> int:
         weight = int(self.radix ** (self.p - 1))
         return self.top * weight + weight - 1
@@ -163,14 +172,18 @@ class PortLayout:
         assert best is not None, f"{units} units fit no candidate"
         return best[1]
 
-    def plan(self, delay_us: int, destination: str) -> dict[str, Any]:
-        """§2 and §3: what to publish, as the vectors write a case."""
+    def plan(self, delay_us: int, destination: str, *, held: bool = False) -> dict[str, Any]:
+        """§2 and §3 (and §10 for a ``held`` destination): what to publish, as the
+        vectors write a case."""
         too_long = len(destination.encode()) > self.max_destination_length
         if too_long or not _DESTINATION.fullmatch(destination):
             raise PortError("invalid destination")
         if delay_us > self.max_delay * 1000:
             raise PortError("over max_delay")
         units = max(0, _ceil_div(delay_us, self.r * 1000))
+        if held:  # §10: down to a multiple of the hold window
+            window = self.hold_ms // self.r
+            units = max(0, delay_us // (self.hold_ms * 1000)) * window
         digits = self.digits(units)
         key = ".".join([*(_HEX[d] for d in digits), destination])
         hops = [

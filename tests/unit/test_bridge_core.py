@@ -183,6 +183,8 @@ def test_a_binding_leads_every_message_to_the_inbox(
     assert [(e.name, e.type, dict(e.arguments)) for e in objects.exchanges] == [
         ("ev", kind, {}),
         ("ev.delayed", kind, {}),
+        # its destination is held (stage 2 waits out the last stretch), and says whose
+        ("rmqdelay.held.bridge.ev", "fanout", {"rmqdelay-bridge": "ev"}),
     ]
     [binding] = objects.bindings
     assert (binding.source, binding.destination, binding.routing_key) == ("ev", names.inbox, key)

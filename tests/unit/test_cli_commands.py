@@ -27,9 +27,15 @@ DESTINATIONS = ["-d/--destination"]
 COMMAND_LINE: dict[str, list[str]] = {
     "": ["--install-completion", "--show-completion"],
     "topology": [],
-    "topology plan": [*DESTINATIONS, *SHARED, "--show-ok/--no-show-ok", "--management-url"],
-    "topology apply": [*DESTINATIONS, *SHARED],
-    "topology verify": [*DESTINATIONS, *SHARED, "--management-url"],
+    "topology plan": [
+        *DESTINATIONS,
+        "--held",
+        *SHARED,
+        "--show-ok/--no-show-ok",
+        "--management-url",
+    ],
+    "topology apply": [*DESTINATIONS, "--held", *SHARED],
+    "topology verify": [*DESTINATIONS, "--held", *SHARED, "--management-url"],
     "topology destroy": [
         "--yes",
         "--force/--no-force",
@@ -215,6 +221,7 @@ SHARED_OPTIONS: dict[str, tuple[str, str | None, bool, set[str] | str]] = {
     "--delay": ("delay", "DURATION", False, ", e.g. 1.5s, 15m, 2h30m."),
     "--at": ("at", "TIME", False, ", ISO 8601 with a timezone."),
     "-d/--destination": ("destination", "DESTINATION", False, ""),
+    "--held": ("held", "DESTINATION", False, "; repeat for more."),
     "-H/--header": ("header", "KEY=VALUE", False, {"k=v; repeat."}),
     "--key": ("key", "KEY", False, ""),
     "--limit": ("limit", "N", False, ""),

@@ -113,10 +113,25 @@ def cases(name: str, layout: Layout, extra_ms: list[int]) -> Iterator[tuple[int,
         yield 1000, bad
 
 
-def vector_case(layout: Layout, delay_us: int, destination: str) -> dict[str, Any]:
-    """One case as the core's publisher makes it: prepared at NOW_MS, routed at once."""
+def held_delays_us(layout: Layout, extra_ms: list[int]) -> list[int]:
+    """A held destination's edges: under, at and over the hold window and its double,
+    a unit, the layout's own delays, max_delay."""
+    r, hold = layout.resolution_ms * 1000, layout.hold_ms * 1000
+    limit = layout.max_delay_ms * 1000
+    delays = [0, -5_000_000, 1, r, hold - r, hold - 1, hold, hold + 1, 2 * hold - 1, 2 * hold]
+    delays += [ms * 1000 for ms in extra_ms] + [limit]
+    return [d for d in dict.fromkeys(delays) if d <= limit]
+
+
+def vector_case(
+    layout: Layout, delay_us: int, destination: str, *, held: bool = False
+) -> dict[str, Any]:
+    """One case as the core's publisher makes it: prepared at NOW_MS, routed at once;
+    ``held``: to a destination whose held marker exists (§10)."""
     case: dict[str, Any] = {"delay_us": delay_us, "destination": destination}
     core = PublisherCore(layout)
+    if held:
+        core.held_destinations.add(destination)
     now_us = NOW_MS * 1000
     when: dict[str, Any] = (
         {"delay": timedelta(microseconds=delay_us)}
@@ -163,6 +178,7 @@ def derived(layout: Layout) -> dict[str, Any]:
         "positional_count": layout.positional_count,
         "capacity_units": layout.capacity_units,
         "delivery_exchange": layout.delivery_exchange,
+        "hold_ms": layout.hold_ms,
         "positions": [
             {
                 "label": p.label,
@@ -229,6 +245,10 @@ def generate() -> dict[str, Any]:
                 "settings": full,
                 "derived": derived(layout),
                 "cases": [vector_case(layout, d, dest) for d, dest in cases(name, layout, extra)],
+                "held_cases": [
+                    vector_case(layout, d, "orders", held=True)
+                    for d in held_delays_us(layout, extra)
+                ],
             }
         )
     return {
@@ -251,7 +271,8 @@ def render(value: Any, indent: int = 0, key: str = "") -> str:
             f"{pad}  {json.dumps(k)}: {render(v, indent + 1, k).lstrip()}" for k, v in value.items()
         ]
         return pad + "{\n" + ",\n".join(items) + "\n" + pad + "}"
-    if isinstance(value, list) and value and key in ("tiers", "cases", "positions", "layouts"):
+    tall = ("tiers", "cases", "held_cases", "positions", "layouts")
+    if isinstance(value, list) and value and key in tall:
         inner = [
             render(v, indent + 1)
             if key in ("positions", "layouts")
@@ -270,10 +291,10 @@ def load() -> dict[str, Any]:
     return json.loads(VECTORS.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
 
 
-def all_cases() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+def all_cases(kind: str = "cases") -> list[tuple[dict[str, Any], dict[str, Any]]]:
     if not VECTORS.exists():  # so that --write can make it; the tests below then fail
         return []
-    return [(layout, case) for layout in load()["layouts"] for case in layout["cases"]]
+    return [(layout, case) for layout in load()["layouts"] for case in layout.get(kind, [])]
 
 
 def _case_id(pair: tuple[dict[str, Any], dict[str, Any]]) -> str:
@@ -291,9 +312,10 @@ def test_the_vectors_are_what_the_core_gives() -> None:
         return
     differences = []
     for mine, theirs in zip(expected["layouts"], found["layouts"], strict=False):
-        for a, b in zip(mine["cases"], theirs["cases"], strict=False):
-            if a != b:
-                differences.append(f"{mine['name']}: core {a}\n  file {b}")
+        for kind in ("cases", "held_cases"):
+            for a, b in zip(mine[kind], theirs.get(kind, []), strict=False):
+                if a != b:
+                    differences.append(f"{mine['name']} {kind}: core {a}\n  file {b}")
         if mine["derived"] != theirs["derived"]:
             differences.append(f"{mine['name']}: the derived layout differs")
     if {k: v for k, v in expected.items() if k != "layouts"} != {
@@ -323,6 +345,18 @@ def test_the_vectors_cover_the_edges() -> None:
         errors = {c["destination"]: c.get("error") for c in cases_}
         assert errors["orders\n"] == errors["a..b"] == "invalid destination"
         assert any(len(c["hops"]) > 2 for c in cases_ if "hops" in c)
+        # held (§10): never late, never earlier than the window; never more hops but
+        # with named tiers (15 min is no multiple of 2.56 s: held, it takes 3 hops)
+        hold_us = layout["derived"]["hold_ms"] * 1000
+        named = bool(settings["named_tiers_ms"])
+        for case in layout["held_cases"]:
+            waited, d = case["units"] * r_us, max(0, case["delay_us"])
+            assert waited <= d < waited + hold_us, (layout["name"], case)
+            assert case["units"] % (hold_us // r_us) == 0
+            plain = by_delay.get(case["delay_us"])
+            if plain is not None and "hops" in plain and not named:
+                assert len(case["hops"]) <= len(plain["hops"])
+        assert any(c["hops"] for c in layout["held_cases"])
 
 
 @pytest.mark.parametrize("name", [name for name, _, _ in LAYOUTS])
@@ -331,7 +365,7 @@ def test_each_case_walks_the_declared_bindings(name: str) -> None:
     hops, each dead-lettering where the vector says, to its work queue."""
     (layout_json,) = [entry for entry in load()["layouts"] if entry["name"] == name]
     layout = build({k: v for k, v in layout_json["settings"].items() if v is not None})
-    planned = [c for c in layout_json["cases"] if "error" not in c]
+    planned = [c for c in layout_json["cases"] + layout_json["held_cases"] if "error" not in c]
     topology = build_topology(layout, {c["destination"] for c in planned})
     declared = {q.name: q.arguments for q in topology.queues if q.role == "tier"}
     listed = {
@@ -375,6 +409,12 @@ def test_the_protocol_page_shows_the_vectors() -> None:
     )
     shown = f"{len(tiers)} tiers, from `{tiers[0]['queue']}` to `{tiers[-1]['queue']}`"
     assert shown in " ".join(text.split())
+    held = next(c for c in default["held_cases"] if c["delay_us"] == 5_000_000)
+    words = " ".join(text.split())
+    assert f"5 s plans {held['units']} units" in words
+    assert f"routing key `{held['routing_key']}`" in words
+    assert f"one hop, `{held['hops'][0]['queue']}`" in words
+    assert f"= {default['derived']['hold_ms']:,} ms" in words
 
 
 # --------------------------------------------------------------------------- a port
@@ -395,15 +435,28 @@ def test_a_port_from_the_page_gives_every_case(pair: tuple[dict[str, Any], dict[
     assert got == {k: v for k, v in case.items() if k not in ("delay_us", "destination")}
 
 
+@pytest.mark.parametrize("pair", all_cases("held_cases"), ids=_case_id)
+def test_a_port_from_the_page_gives_every_held_case(
+    pair: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    layout_json, case = pair
+    port = protocol_port.PortLayout.of(layout_json["settings"])
+    planned = port.plan(case["delay_us"], case["destination"], held=True)
+    due = protocol_port.due_ms(NOW_MS * 1000, case["delay_us"])
+    got = {**planned, "headers": protocol_port.headers(due, case["destination"])}
+    assert got == {k: v for k, v in case.items() if k not in ("delay_us", "destination")}
+
+
 def test_a_port_from_the_page_derives_every_layout() -> None:
     for layout_json in load()["layouts"]:
         port = protocol_port.PortLayout.of(layout_json["settings"])
         want = layout_json["derived"]
         assert port.words == want["positions"]
-        assert (port.max_delay, port.p, port.capacity) == (
+        assert (port.max_delay, port.p, port.capacity, port.hold_ms) == (
             want["max_delay_ms"],
             want["positional_count"],
             want["capacity_units"],
+            want["hold_ms"],
         )
 
 
@@ -469,11 +522,13 @@ def test_a_port_from_the_page_agrees_with_the_core_anywhere(
     layout = build({k: v for k, v in settings.items() if v is not None})
     port = protocol_port.PortLayout.of(settings)
     assert port.words == derived(layout)["positions"]
+    assert port.hold_ms == layout.hold_ms
     for _ in range(5):
         delay = data.draw(st.integers(-(10**6), layout.max_delay_ms * 1000 + 10**5))
-        case = vector_case(layout, delay, "d")
+        held = data.draw(st.booleans())
+        case = vector_case(layout, delay, "d", held=held)
         try:
-            planned = port.plan(delay, "d")
+            planned = port.plan(delay, "d", held=held)
         except protocol_port.PortError as exc:
             assert case.get("error") == str(exc)
             continue
