@@ -269,7 +269,8 @@ def _rmq(suite: Suite, **kw: Any) -> Peer:
     options: dict[str, Any] = {
         "worker": s.worker,
         "concurrency": s.worker_concurrency,
-        "prefetch": s.worker_prefetch,
+        # held: the Worker's own (concurrency + max_held), room for the messages it holds
+        "prefetch": None if kw.get("held") else s.worker_prefetch,
     }
     options.update(kw)
     return RmqdelayPeer(suite.url, s.queue_type, **options)
@@ -948,7 +949,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--duration", type=float, help="e2e: seconds of due messages a run (default 4)")
     p.add_argument("--hops-rates", help="hops rates per second, comma list (default 250,500)")
     p.add_argument("--hops-rounds", type=int, help="rounds of the hops workload (default 2)")
-    p.add_argument("--hops-duration", type=float, help="seconds per hops run (default 60)")
+    p.add_argument("--hops-duration", type=float, help="seconds per hops run (default 30)")
     p.add_argument(
         "--hops-spread", type=int, help="hops: also 1 hop spread over N queues (default off)"
     )
