@@ -32,7 +32,11 @@ WORKLOADS = (  # the suite runs them in this order (start-up first, on the quiet
     "seeds",
     "scale",
     "engine43",
+    "long",
+    "layout",
 )
+OPT_IN = ("long", "layout")
+"""Run only when named (``--only``): an hour of long delays, and a one-off comparison."""
 Figure = dict[str, Any]
 Figures = dict[str, Figure]
 
@@ -201,7 +205,27 @@ def _ms(seconds: Any) -> Any:
     return None if seconds is None else seconds * 1000
 
 
+def _cpu(c: dict[str, Any], to: str | None, ratio: Any) -> Figure:
+    """Broker CPU per delivered message (its background subtracted), each round's too."""
+    return fig(
+        _get(c, "cpu_us_per_msg", "broker_net"),
+        "µs/msg",
+        ratio=ratio,
+        to=to,
+        runs=[_get(run, "cpu", "broker_net_us_per_msg") for run in c.get("all_runs", [])],
+    )
+
+
+def _hops(out: Figures, key: str, c: dict[str, Any]) -> None:
+    """Mean hops planned (``PublishResult.hops``) and taken (the broker's ``x-death``)."""
+    out[f"{key}.hops"] = fig(c.get("mean_hops"), "hops")
+    out[f"{key}.xdeath"] = fig(c.get("mean_x_death_hops"), "hops")
+
+
 def from_e2e(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    """``e2e.r500.p99`` (the tiers), ``e2e.held.r500.p99`` (a held destination),
+    ``e2e.r500.plain.p99`` (the plain queue in the same rounds; ratios are to it),
+    ``e2e.held.r500.cpu`` (broker, with its ratio to ``e2e.r500.plain.cpu``)..."""
     limit = r["plain_limit"]
     out: Figures = {
         "e2e.limit": fig(
@@ -213,22 +237,29 @@ def from_e2e(r: dict[str, Any], params: dict[str, Any]) -> Figures:
         ),
         "e2e.repeats": fig(params["repeats"]),
     }
-    rows = [
-        (f"r{float(rate):g}", e, r["plain_latency"].get(rate)) for rate, e in r["rates"].items()
-    ]
-    if r.get("saturation"):
-        rows.append(("saturation", r["saturation"], None))
-    for name, e, plain in rows:
+    rows: list[tuple[str, dict[str, Any], dict[str, Any] | None, str | None]] = []
+    for side, by_rate in (("", r["rates"]), ("held.", r.get("held") or {})):
+        rows += [
+            (f"{side}r{float(rate):g}", e, r["plain_latency"].get(rate), f"r{float(rate):g}")
+            for rate, e in by_rate.items()
+        ]
+    for side, name in (("", "saturation"), ("held.", "held_saturation")):
+        if r.get(name):
+            rows.append((f"{side}saturation", r[name], None, None))
+    for name, e, plain, plain_name in rows:
         key = f"e2e.{name}"
         _lateness(out, key, e, e.get("ratio_to_plain_latency") or {})
         if plain:
-            _lateness(out, f"{key}.plain", plain, {})
+            _lateness(out, f"e2e.{plain_name}.plain", plain, {})
+            out[f"e2e.{plain_name}.plain.cpu"] = _cpu(plain, None, None)
         out[f"{key}.early"] = fig(e["early_total"])
         out[f"{key}.delivered"] = fig(
             e["delivered_per_s"], "msgs/s", ratio=e.get("ratio_to_plain_limit"), to="e2e.limit"
         )
-        out[f"{key}.hops"] = fig(e["mean_hops"], "hops")
+        _hops(out, key, e)
         out[f"{key}.offered"] = fig(e.get("rate_per_s"), "msgs/s")
+        ratio = e.get("broker_cpu_ratio_to_plain")
+        out[f"{key}.cpu"] = _cpu(e, plain_name and f"e2e.{plain_name}.plain.cpu", ratio)
         for proc, us in (e.get("cpu_us_per_msg") or {}).items():
             out[f"{key}.cpu.{proc}"] = fig(us, "µs/msg")
     return out
@@ -259,38 +290,87 @@ def from_radix(r: dict[str, Any]) -> Figures:
 
 
 def from_hops(r: dict[str, Any], params: dict[str, Any]) -> Figures:
-    """The default layout at 500 due/s for 60 s against the plain queue and the broker alone
-    doing 1 and 3 hops (``hops.floor``: plain + mean hops x one hop's cost)."""
+    """Per rate and config, ``hops.held.r500.cpu`` (ratio to ``hops.plain.r500.cpu``),
+    ``hops.held.r500.p99``, ``hops.held.r500.floor``...; the last rate's figures also
+    without the rate (``hops.rmqdelay.cpu``, ``hops.floor.cpu``), as the page has them."""
+    rates = r.get("rates") or {str(params.get("rate")): r}  # before 250 and 500: one rate
+    main = str(float(params.get("rates", [params.get("rate")])[-1]))
     out: Figures = {
-        "hops.rate": fig(params.get("rate"), "msgs/s"),
+        "hops.rate": fig(float(main), "msgs/s"),
         "hops.duration": fig(params.get("duration_s"), "s"),
         "hops.rounds": fig(params.get("rounds")),
     }
+    for rate, at in rates.items():
+        suffix = f".r{float(rate):g}"
+        mine: Figures = {}
+        for name, c in at["configs"].items():
+            key = f"hops.{name}{suffix}"
+            to = f"hops.plain{suffix}.cpu"
+            mine[f"{key}.cpu"] = _cpu(c, to, c.get("broker_cpu_ratio_to_plain"))
+            _lateness(mine, key, c, c.get("ratio_to_plain_latency") or {})
+            mine[f"{key}.early"] = fig(c.get("early_total"))
+            mine[f"{key}.missing"] = fig(c.get("missing_total"))
+            mine[f"{key}.delivered"] = fig(c.get("delivered_per_s"), "msgs/s")
+            if name in ("rmqdelay", "held"):
+                _hops(mine, key, c)
+        floors = at.get("floors") or {"rmqdelay": at.get("floor")}
+        for name, floor in floors.items():
+            floor = floor or {}
+            key = "hops.floor" if name == "rmqdelay" else f"hops.floor.{name}"
+            mine[f"{key}{suffix}.cpu"] = fig(
+                floor.get("broker_us_per_msg"),
+                "µs/msg",
+                ratio=floor.get("ratio_to_plain"),
+                to=f"hops.plain{suffix}.cpu",
+                text=floor.get("how"),
+            )
+            mine[f"{key}{suffix}.per_hop"] = fig(floor.get("per_hop_us"), "µs/hop")
+        out |= mine
+        if float(rate) == float(main):  # the page's keys: the last rate's, without it
+            out |= {k.replace(suffix, "", 1): _unsuffixed(f, suffix) for k, f in mine.items()}
+    return out
+
+
+def _unsuffixed(f: Figure, suffix: str) -> Figure:
+    return {**f, "to": f["to"].replace(suffix, "", 1)} if "to" in f else f
+
+
+def from_long(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    """``long.held.p99``, ``long.tiers.early``, ``long.held.hops``... (no reference: the
+    tiers and the held destination ran at once)."""
+    low, high = params["delays_ms"]
+    out: Figures = {
+        "long.delays": fig(None, text=f"{low / 60_000:g} to {high / 60_000:g} min"),
+        "long.n": fig(params.get("n"), "messages"),
+        "long.rate": fig(params.get("rate"), "msgs/s"),
+    }
     for name, c in r["configs"].items():
-        key = f"hops.{name}"
-        cpu = c.get("cpu_us_per_msg") or {}
-        out[f"{key}.cpu"] = fig(
-            cpu.get("broker_net"),
-            "µs/msg",
-            ratio=c.get("broker_cpu_ratio_to_plain"),
-            to="hops.plain.cpu",
-            runs=[_get(run, "cpu", "broker_net_us_per_msg") for run in c.get("all_runs", [])],
-        )
+        key = f"long.{name}"
+        _lateness(out, key, c.get("stats") or {}, {})
+        out[f"{key}.early"] = fig(_get(c, "stats", "early"))
+        out[f"{key}.missing"] = fig(_get(c, "stats", "missing"))
+        _hops(out, key, c.get("hops") or {})
+    return out
+
+
+def from_layout(r: dict[str, Any], params: dict[str, Any]) -> Figures:
+    """``layout.held-lean.cpu`` (ratio to ``layout.held.cpu``), ``layout.idle.held``
+    (the broker's idle CPU in ms a second with the held topology)..."""
+    out: Figures = {"layout.rate": fig(params.get("rate"), "msgs/s")}
+    for name, c in r["configs"].items():
+        key = f"layout.{name}"
+        to = None if name == "held" else "layout.held.cpu"
+        out[f"{key}.cpu"] = _cpu(c, to, None if to is None else c.get("broker_cpu_ratio_to_held"))
+        out[f"{key}.cpu.plain"] = fig(c.get("broker_cpu_ratio_to_plain"), "ratio")
         _lateness(out, key, c, c.get("ratio_to_plain_latency") or {})
         out[f"{key}.early"] = fig(c.get("early_total"))
-        out[f"{key}.missing"] = fig(c.get("missing_total"))
-        out[f"{key}.delivered"] = fig(c.get("delivered_per_s"), "msgs/s")
-        if name == "rmqdelay":
-            out[f"{key}.hops"] = fig(c.get("mean_hops"), "hops")
-    floor = r.get("floor") or {}
-    out["hops.floor.cpu"] = fig(
-        floor.get("broker_us_per_msg"),
-        "µs/msg",
-        ratio=floor.get("ratio_to_plain"),
-        to="hops.plain.cpu",
-        text=floor.get("how"),
-    )
-    out["hops.floor.per_hop"] = fig(floor.get("per_hop_us"), "µs/hop")
+        if name != "plain":
+            _hops(out, key, c)
+    idle = r.get("idle") or {}
+    for name, value in (idle.get("broker_cpu_ms_per_s") or {}).items():
+        out[f"layout.idle.{name}"] = fig(value, "ms/s", runs=_get(idle, "runs", name))
+    out["layout.idle.unused"] = fig(idle.get("unused_tier_queues"), "queues")
+    out["layout.idle.per_queue"] = fig(idle.get("per_unused_queue_ms_per_s"), "ms/s")
     return out
 
 
@@ -506,6 +586,8 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "seeds": lambda doc: from_seeds(doc["results"]),
     "scale": lambda doc: from_scale(doc["results"]),
     "engine43": from_engine43,
+    "long": lambda doc: from_long(doc["results"], doc["params"]),
+    "layout": lambda doc: from_layout(doc["results"], doc["params"]),
 }
 
 
@@ -515,7 +597,8 @@ def _early(figures: Figures) -> Iterator[int]:
         parts = key.split(".")
         if parts[-1] != "early" or not isinstance(f.get("value"), int):
             continue
-        ours = parts[0] in ("e2e", "radix", "scale") or parts[1].startswith("rmqdelay")
+        ours = parts[0] in ("e2e", "radix", "scale", "long")
+        ours = ours or parts[1].startswith(("rmqdelay", "held"))
         if ours or (parts[0] == "engine43" and "tiers" in parts):  # the tiers, on 4.3
             yield f["value"]
 

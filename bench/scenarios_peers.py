@@ -160,13 +160,23 @@ def collector_paused() -> Iterator[None]:
     (``gc.callbacks``, 2026-11-26), and the messages it held then were timed late on
     whichever side happened to be running: a p99 of 4,000 messages moves with 40 of them.
     Collected before, and the records kept, the run makes little cyclic garbage.
+    Runs may overlap (the ``long`` workload's sides): the last one out enables it again.
     """
-    gc.collect()
-    gc.disable()
+    global _paused
+    if not _paused:
+        gc.collect()
+        gc.disable()
+    _paused += 1
     try:
         yield
     finally:
-        gc.enable()
+        _paused -= 1
+        if not _paused:
+            gc.enable()
+
+
+_paused = 0
+"""Steady runs in progress (:func:`collector_paused`)."""
 
 
 async def _steady_run(

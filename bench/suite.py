@@ -12,21 +12,29 @@ measured in the same run):
 
 publish   the measures of bench.measures: publishers and the worker against the raw clients
           confirmed publish into one plain queue of the same type (the reference).
-e2e       messages due at a steady 200/500/1000 per second (delays mixed), drained by the
-          rmqdelay Worker: lateness p50/p99/max, early, delivered per second, mean hops; and a
-          saturation run offered at the plain-queue limit. References: the plain queue's
-          publish-and-consume rate (the limit) and its publish-to-consume latency per rate.
+e2e       messages due at a steady 250/500/1000 per second (delays mixed), drained by the
+          rmqdelay Worker, the tiers and a held destination: lateness p50/p99/max, early,
+          delivered per second, mean hops, broker CPU; and a saturation run each offered at
+          the plain-queue limit. References: the plain queue's publish-and-consume rate (the
+          limit) and its publish-to-consume latency at each rate, in the same rounds.
 seeds     5, 4, 3, 2, 1 s published in that order, for every design.
 radix     radix 2, 4, 8, 16 and radix 16 with a named 15-min tier on the e2e workload at
           500/s, plus a saturation run each; planned hops for the workload and for 15 min.
-hops      the default layout at 500 due/s for 60 s: broker CPU per delivered message and
-          lateness against the plain queue's, and the broker alone doing 1 and 3 TTL
-          dead-letter hops between quorum queues (no rmqdelay), the floor of any tier design.
+hops      the default layout, held and not, at 250 and 500 due/s for 30 s: broker CPU per
+          delivered message and lateness against the plain queue's, and the broker alone
+          doing 1 and 3 TTL dead-letter hops between quorum queues (no rmqdelay), the floor
+          of any tier design.
 peers     every design side by side: confirmed publish rate, the steady workload at 500/s
           (the lateness CDF), and the extras (Redis kill -9 loss, dramatiq-style memory).
 scale     1,000,000 pending delayed messages (see :mod:`bench.scale`).
 engine43  the tiers against RabbitMQ 4.3's one-queue deferred engine (:mod:`bench.engine43`;
           BENCH_RMQ43_URL, skipped below 4.3).
+
+Only with --only (:data:`bench.keys.OPT_IN`), see :mod:`bench.held`:
+
+long      delays of 10 min to 1 h, a held destination and the tiers at once (about an hour).
+layout    held with every tier queue against held without the unused ones and without the
+          journal; the broker idle with and without those tier queues.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +68,7 @@ from bench.common import (
     now_ms,
     quantiles,
 )
-from bench.keys import WORKLOADS
+from bench.keys import OPT_IN, WORKLOADS
 from bench.peers import PEER_NAMES, make_peer
 from bench.peers.base import Peer
 from bench.scenarios_peers import (
@@ -88,7 +96,7 @@ class SuiteSizes:
     publish_warmup: int = 500
     drain_count: int = 20_000
     # e2e (the steady workload, shared by radix and peers)
-    rates: tuple[float, ...] = (200.0, 500.0, 1000.0)
+    rates: tuple[float, ...] = (250.0, 500.0, 1000.0)
     duration_s: float = 4.0
     min_delay_ms: int = 1000
     max_delay_ms: int = 4000
@@ -104,15 +112,26 @@ class SuiteSizes:
     named_tier: str = "15m"
     radix_rate: float = 500.0
     radix_saturation_repeats: int = 1
-    # hops: broker CPU and lateness at the default layout against the plain queue and the
-    # broker alone doing 1 and 3 TTL hops (the floor), configs alternating in each round
-    hops_rate: float = 500.0
-    hops_duration_s: float = 60.0
+    # hops: broker CPU and lateness at the default layout, held and not, against the plain
+    # queue and the broker alone doing 1 and 3 TTL hops (the floor), configs alternating in
+    # each round
+    hops_rates: tuple[float, ...] = (250.0, 500.0)
+    hops_duration_s: float = 30.0
     hops_repeats: int = 2
     hops_chain: tuple[int, ...] = (1, 3)
     hops_chain_delay_ms: int = 2500
     hops_spread: int = 0
     """> 0: also the 1-hop chain spread over this many queues (rmqdelay's spread, measured)."""
+    # long: delays of 10 min to 1 h, held against the tiers, both at once (bench.held)
+    long_delays_ms: tuple[int, int] = (600_000, 3_600_000)
+    long_rate: float = 5.0
+    long_duration_s: float = 120.0
+    # layout: held with every tier against held without the unused ones, and without the
+    # journal (bench.held); the broker idle with and without those tiers
+    layout_rate: float = 500.0
+    layout_duration_s: float = 30.0
+    layout_rounds: int = 2
+    layout_idle_s: float = 10.0
     # peers
     peers: tuple[str, ...] = tuple(n for n in PEER_NAMES if n != "rmqdelay-sync")
     peer_rate: float = 500.0
@@ -145,7 +164,7 @@ class SuiteSizes:
             publish_count=1000,
             publish_warmup=100,
             drain_count=2000,
-            rates=(200.0, 500.0),
+            rates=(250.0, 500.0),
             duration_s=2.0,
             min_delay_ms=500,
             max_delay_ms=2000,
@@ -153,8 +172,14 @@ class SuiteSizes:
             saturation_duration_s=2.0,
             limit_n=1000,
             radixes=(2, 16),
+            hops_rates=(500.0,),
             hops_duration_s=10.0,
             hops_repeats=1,
+            long_delays_ms=(10_000, 30_000),
+            long_duration_s=10.0,
+            layout_duration_s=10.0,
+            layout_rounds=1,
+            layout_idle_s=3.0,
             peer_repeats=1,
             peer_n_publish=300,
             peer_warmup=50,
@@ -244,7 +269,8 @@ def _rmq(suite: Suite, **kw: Any) -> Peer:
     options: dict[str, Any] = {
         "worker": s.worker,
         "concurrency": s.worker_concurrency,
-        "prefetch": s.worker_prefetch,
+        # held: the Worker's own (concurrency + max_held), room for the messages it holds
+        "prefetch": None if kw.get("held") else s.worker_prefetch,
     }
     options.update(kw)
     return RmqdelayPeer(suite.url, s.queue_type, **options)
@@ -339,6 +365,7 @@ def _fold(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "missing_total": sum(int(v or 0) for v in col(["stats", "missing"])),
         "delivered_per_s": _median(col(["delivered_per_s"])),
         "mean_hops": _median(col(["hops", "mean_hops"])),
+        "mean_x_death_hops": _median(col(["hops", "mean_x_death_hops"])),
         "cpu_us_per_msg": {
             name: _median(col(["cpu", f"{name}_us_per_msg"]))
             for name in ("broker", "broker_net", "client", "worker", "redis", "machine")
@@ -346,6 +373,80 @@ def _fold(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "all_runs": runs,
     }
+
+
+Config = tuple[str, Callable[[], Peer], Callable[[float], Sizes]]
+"""One side of a side-by-side workload: its name, its peer, and its runs' sizes at a rate."""
+
+
+async def side_by_side(
+    configs: Sequence[Config],
+    rates: Sequence[float],
+    rounds: int,
+    tag: str,
+    *,
+    after: Callable[[dict[str, Peer]], Awaitable[None]] | None = None,
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    """Every config at every rate once per round, so the machine's drift hits all of them,
+    on peers set up once for the workload (``after`` gets them once the rounds are done).
+
+    Returns, per rate and config, the fold of its rounds (medians, pooled lateness) with its
+    broker CPU and lateness as ratios to ``plain``'s in the same rounds; and each config's
+    description.
+    """
+    peers: dict[str, Peer] = {}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    pooled: dict[str, dict[str, list[Record]]] = {}
+    for r in rates:
+        runs[str(r)] = {name: [] for name, _, _ in configs}
+        pooled[str(r)] = {name: [] for name, _, _ in configs}
+    try:
+        for name, factory, _ in configs:
+            peers[name] = factory()
+            await peers[name].setup()
+        for k in range(rounds):
+            for rate in rates:
+                for name, _, sizes_at in configs:
+                    _say(f"{tag}: {name} at {rate:g}/s, round {k + 1} of {rounds}")
+                    sizes = sizes_at(rate)
+                    summary, records = await steady_repeats(
+                        peers[name], replace(sizes, seed=sizes.seed + k), 1, f"{tag}{rate:g}-{k}-"
+                    )
+                    runs[str(rate)][name].append(summary["all_runs"][0])
+                    pooled[str(rate)][name].extend(records)
+        if after is not None:
+            await after(peers)
+    finally:
+        for peer in peers.values():
+            await peer.teardown()
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    for at, by_name in runs.items():
+        table[at] = {}
+        for name, rows in by_name.items():
+            entry = _fold(rows)
+            records = pooled[at][name]
+            lateness = quantiles(r.lateness_ms for r in records)
+            entry["lateness_quantiles"] = [round(v, 1) for v in lateness]
+            entry["pooled"] = lateness_stats(records, expected=sum(r["n"] for r in rows)).to_dict()
+            table[at][name] = entry
+        if "plain" in table[at]:
+            ratios_to(table[at]["plain"], table[at].values())
+    return table, {name: peer.description for name, peer in peers.items()}
+
+
+def ratios_to(plain: dict[str, Any], entries: Iterable[dict[str, Any]]) -> None:
+    """Each entry's broker CPU per message and lateness as ratios to the plain queue's."""
+    cpu = plain["cpu_us_per_msg"].get("broker_net")
+    for entry in entries:
+        entry["broker_cpu_ratio_to_plain"] = _ratio(entry["cpu_us_per_msg"].get("broker_net"), cpu)
+        entry["ratio_to_plain_latency"] = {
+            q: _ratio(entry[q], plain[q]) for q in ("p50_ms", "p99_ms", "max_ms")
+        }
+
+
+def zero_delay(s: SuiteSizes, duration_s: float | None = None) -> Callable[[float], Sizes]:
+    """The plain queue's sizes at a rate: it ignores delays, so its lateness is latency."""
+    return lambda rate: s.steady_sizes(rate, duration_s, min_delay_ms=0, max_delay_ms=0)
 
 
 # ---------------------------------------------------------------- references
@@ -378,26 +479,6 @@ async def plain_limit(suite: Suite) -> dict[str, Any]:
     return dict(result)
 
 
-async def plain_latency(suite: Suite, rates: Sequence[float]) -> dict[str, Any]:
-    """Publish-to-consume latency of the plain queue at each rate (delays ignored)."""
-    from bench.peers.plain import PlainPeer
-
-    s = suite.sizes
-    cache = suite.references.setdefault("plain_latency", {})
-    todo = [r for r in rates if str(r) not in cache]
-    if todo:
-
-        async def body(peer: Peer) -> None:
-            for rate in todo:
-                _say(f"reference: plain latency at {rate:g}/s x {s.repeats}")
-                sizes = s.steady_sizes(rate, min_delay_ms=0, max_delay_ms=0)
-                summary, _ = await steady_repeats(peer, sizes, s.repeats, f"lat{rate:g}-")
-                cache[str(rate)] = summary
-
-        await with_peer(lambda: PlainPeer(suite.url, s.queue_type), body)
-    return {str(r): cache[str(r)] for r in rates}
-
-
 # ---------------------------------------------------------------- workloads
 
 
@@ -428,45 +509,54 @@ async def workload_publish(suite: Suite) -> None:
 
 
 async def workload_e2e(suite: Suite) -> None:
+    """The plain queue, the tiers and a held destination side by side in each round at each
+    rate (the plain queue's publish-to-consume latency is the reference), then a
+    saturation run of each rmqdelay side offered at the plain limit."""
+    from bench.peers.plain import PlainPeer
+
     s = suite.sizes
     limit = await plain_limit(suite)
     limit_rate = limit.get("publish_consume_rate_per_s")
-    latency = await plain_latency(suite, s.rates)
-    results: dict[str, Any] = {"plain_limit": limit, "plain_latency": latency, "rates": {}}
-    peer = _rmq(suite)
-    results["design"] = peer.description
-    resolution_ms = getattr(peer, "resolution_ms", 10)
+    results: dict[str, Any] = {"plain_limit": limit}
+    configs: list[Config] = [
+        ("plain", lambda: PlainPeer(suite.url, s.queue_type), zero_delay(s)),
+        ("tiers", lambda: _rmq(suite), s.steady_sizes),
+        ("held", lambda: _rmq(suite, held=True), s.steady_sizes),
+    ]
 
-    async def body(p: Peer) -> None:
-        for rate in s.rates:
-            _say(f"e2e: rmqdelay at {rate:g}/s x {s.repeats}")
-            summary, _ = await steady_repeats(p, s.steady_sizes(rate), s.repeats, f"e{rate:g}-")
-            ref = latency[str(rate)]
-            summary["ratio_to_plain_latency"] = {
-                k: _ratio(summary[k], ref[k]) for k in ("p50_ms", "p99_ms", "max_ms")
-            }
-            summary["ratio_to_plain_limit"] = _ratio(summary["delivered_per_s"], limit_rate)
-            results["rates"][str(rate)] = summary
-        if limit_rate:
-            offered = round(limit_rate)
-            _say(f"e2e: saturation, offered {offered}/s (the plain limit) x {s.repeats}")
+    async def saturation(peers: dict[str, Peer]) -> None:
+        if not limit_rate:
+            return
+        offered = round(limit_rate)
+        for name, key in (("tiers", "saturation"), ("held", "held_saturation")):
+            _say(f"e2e: {name} saturation, offered {offered}/s (the plain limit) x {s.repeats}")
             sizes = s.steady_sizes(offered, s.saturation_duration_s, drain_slack_s=120.0)
-            summary, _ = await steady_repeats(p, sizes, s.repeats, "sat-")
+            summary, _ = await steady_repeats(peers[name], sizes, s.repeats, f"sat{name}-")
             summary["ratio_to_plain_limit"] = _ratio(summary["delivered_per_s"], limit_rate)
-            results["saturation"] = summary
+            results[key] = summary
 
-    await with_peer(lambda: peer, body)
-    at500 = results["rates"].get("500.0") or results["rates"].get(str(500.0))
+    table, descriptions = await side_by_side(configs, s.rates, s.repeats, "e2e", after=saturation)
+    for by_name in table.values():
+        for entry in by_name.values():
+            entry["ratio_to_plain_limit"] = _ratio(entry["delivered_per_s"], limit_rate)
+    results["plain_latency"] = {rate: t["plain"] for rate, t in table.items()}
+    results["rates"] = {rate: t["tiers"] for rate, t in table.items()}
+    results["held"] = {rate: t["held"] for rate, t in table.items()}
+    results["design"], results["descriptions"] = descriptions["tiers"], descriptions
+    at500 = results["rates"].get(str(500.0))
     sat = results.get("saturation") or {}
     results["targets"] = {
         "p99_at_500_ms": None if at500 is None else at500["p99_ms"],
-        "p99_at_500_target_ms": resolution_ms + 15,
+        "p99_at_500_target_ms": 10 + 15,  # the default resolution + 15 ms
         "early_total": sum(r["early_total"] for r in results["rates"].values())
         + int(sat.get("early_total") or 0),
+        "held_early_total": sum(r["early_total"] for r in results["held"].values())
+        + int((results.get("held_saturation") or {}).get("early_total") or 0),
         "delivered_ratio_to_limit": sat.get("ratio_to_plain_limit"),
         "delivered_ratio_target": 0.5,
     }
     params = {**_steady_params(s), "rates": list(s.rates), "limit_n": s.limit_n}
+    params["configs"] = [name for name, _, _ in configs]
     suite.write("e2e", params, results)
 
 
@@ -730,115 +820,96 @@ async def workload_history(suite: Suite) -> None:
 
 
 async def workload_hops(suite: Suite) -> None:
-    """Broker CPU per delivered message and lateness at the default layout, against the
-    plain queue and the broker alone doing the hops (:class:`bench.peers.hopchain.HopChainPeer`).
+    """Broker CPU per delivered message and lateness at the default layout and with the
+    destination held, against the plain queue and the broker alone doing the hops
+    (:class:`bench.peers.hopchain.HopChainPeer`), at each of ``hops_rates``.
 
-    Each round runs every config once (plain, the chains, rmqdelay), so the machine's drift
-    hits all of them; medians over the rounds. The chains' CPU per message is a line in the
-    hop count: its slope is one TTL dead-letter hop, and the 1-hop chain + (rmqdelay's mean
-    hops - 1) x that slope is the floor any TTL-tier design with those hops pays on this
-    broker, every hop through one queue (the physical limit).
+    Each round runs every config once at each rate, so the machine's drift hits all of them;
+    medians over the rounds. The chains' CPU per message is a line in the hop count: its
+    slope is one TTL dead-letter hop, and the 1-hop chain + (a design's mean hops - 1) x
+    that slope is the floor any TTL-tier design with those hops pays on this broker, every
+    hop through one queue (the physical limit).
     """
     from bench.peers.hopchain import HopChainPeer
     from bench.peers.plain import PlainPeer
 
     s = suite.sizes
-    delayed = s.steady_sizes(s.hops_rate, s.hops_duration_s)
-    fixed = s.steady_sizes(
-        s.hops_rate,
-        s.hops_duration_s,
-        min_delay_ms=s.hops_chain_delay_ms,
-        max_delay_ms=s.hops_chain_delay_ms,
-    )
-    plain_sizes = s.steady_sizes(s.hops_rate, s.hops_duration_s, min_delay_ms=0, max_delay_ms=0)
-    configs: list[tuple[str, Callable[[], Peer], Sizes]] = [
-        ("plain", lambda: PlainPeer(suite.url, s.queue_type), plain_sizes)
-    ]
-    for k in s.hops_chain:
-        configs.append(
-            (
-                f"chain{k}",
-                lambda k=k: HopChainPeer(  # type: ignore[misc]
-                    suite.url, s.queue_type, hops=k, delay_ms=s.hops_chain_delay_ms
-                ),
-                fixed,
-            )
-        )
+
+    def delayed(rate: float) -> Sizes:
+        return s.steady_sizes(rate, s.hops_duration_s)
+
+    def fixed(rate: float) -> Sizes:
+        d = s.hops_chain_delay_ms
+        return s.steady_sizes(rate, s.hops_duration_s, min_delay_ms=d, max_delay_ms=d)
+
+    def chain(hops: int, spread: int = 1) -> Callable[[], Peer]:
+        d = s.hops_chain_delay_ms
+        return lambda: HopChainPeer(suite.url, s.queue_type, hops=hops, delay_ms=d, spread=spread)
+
+    plain = zero_delay(s, s.hops_duration_s)
+    configs: list[Config] = [("plain", lambda: PlainPeer(suite.url, s.queue_type), plain)]
+    configs += [(f"chain{k}", chain(k), fixed) for k in s.hops_chain]
     if s.hops_spread > 1:
-        configs.append(
-            (
-                f"chain1s{s.hops_spread}",
-                lambda: HopChainPeer(
-                    suite.url,
-                    s.queue_type,
-                    hops=1,
-                    delay_ms=s.hops_chain_delay_ms,
-                    spread=s.hops_spread,
-                ),
-                fixed,
-            )
-        )
+        configs.append((f"chain1s{s.hops_spread}", chain(1, s.hops_spread), fixed))
     configs.append(("rmqdelay", lambda: _rmq(suite), delayed))
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in configs}
-    pooled: dict[str, list[Record]] = {name: [] for name, _, _ in configs}
-    descriptions: dict[str, str] = {}
-    for k in range(s.hops_repeats):
-        for name, factory, sizes in configs:
-            _say(f"hops: {name} at {s.hops_rate:g}/s for {s.hops_duration_s:g} s, round {k + 1}")
-
-            async def body(peer: Peer, sizes: Sizes = sizes, k: int = k, name: str = name) -> None:
-                descriptions[peer.name] = peer.description
-                summary, records = await steady_repeats(
-                    peer, replace(sizes, seed=sizes.seed + k), 1, f"hp{k}-"
-                )
-                runs[name].append(summary["all_runs"][0])
-                pooled[name].extend(records)
-
-            await with_peer(factory, body)
-    results: dict[str, Any] = {"configs": {}, "descriptions": descriptions}
-    for name, rows in runs.items():
-        entry = _fold(rows)
-        entry["pooled"] = lateness_stats(pooled[name], expected=sum(r["n"] for r in rows)).to_dict()
-        results["configs"][name] = entry
-    plain = results["configs"]["plain"]
-    plain_cpu = plain["cpu_us_per_msg"].get("broker_net")
-    for entry in results["configs"].values():
-        entry["broker_cpu_ratio_to_plain"] = _ratio(
-            entry["cpu_us_per_msg"].get("broker_net"), plain_cpu
-        )
-        entry["ratio_to_plain_latency"] = {
-            q: _ratio(entry[q], plain[q]) for q in ("p50_ms", "p99_ms", "max_ms")
-        }
-    chain = sorted(
-        (k, results["configs"][f"chain{k}"]["cpu_us_per_msg"].get("broker_net"))
-        for k in s.hops_chain
-    )
-    rmq = results["configs"]["rmqdelay"]
-    if len(chain) >= 2 and all(c is not None for _, c in chain) and plain_cpu:
-        (k0, c0), (k1, c1) = chain[0], chain[-1]
-        per_hop = (c1 - c0) / (k1 - k0)
-        hops = rmq.get("mean_hops") or 0.0
-        floor = c0 + (hops - k0) * per_hop
-        results["floor"] = {
-            "per_hop_us": round(per_hop, 1),
-            "mean_hops": hops,
-            "broker_us_per_msg": round(floor, 1),
-            "ratio_to_plain": _ratio(floor, plain_cpu),
-            "how": f"chain{k0} + (mean hops - {k0}) x (chain{k1} - chain{k0}) / {k1 - k0}",
-        }
+    configs.append(("held", lambda: _rmq(suite, held=True), delayed))
+    table, descriptions = await side_by_side(configs, s.hops_rates, s.hops_repeats, "hops")
+    results: dict[str, Any] = {"rates": {}, "descriptions": descriptions}
+    for rate, by_name in table.items():
+        floors = {name: hops_floor(s.hops_chain, by_name, name) for name in ("rmqdelay", "held")}
+        results["rates"][rate] = {"configs": by_name, "floors": floors}
     params = {
-        "rate": s.hops_rate,
+        "rates": list(s.hops_rates),
+        "rate": s.hops_rates[-1],
         "duration_s": s.hops_duration_s,
         "rounds": s.hops_repeats,
         "delays_ms": [s.min_delay_ms, s.max_delay_ms],
         "chain_hops": list(s.hops_chain),
         "chain_delay_ms": s.hops_chain_delay_ms,
         "spread": s.hops_spread,
-        "layout": "the default (radix 16, resolution 10 ms, quorum, journal on)",
+        "layout": "the default (radix 16, resolution 10 ms, quorum, journal on); held: the "
+        "same with the destination held (hold window 2.56 s)",
         "worker_concurrency": s.worker_concurrency,
         "worker_prefetch": s.worker_prefetch,
     }
     suite.write("hops", params, results)
+
+
+def hops_floor(
+    chain_hops: Sequence[int], configs: dict[str, dict[str, Any]], name: str
+) -> dict[str, Any] | None:
+    """The broker CPU any TTL-tier design with ``name``'s mean hops pays: the 1-hop chain
+    + (mean hops - 1) x one hop's cost (the chains' slope)."""
+    plain_cpu = configs["plain"]["cpu_us_per_msg"].get("broker_net")
+    chain = sorted(
+        (k, configs[f"chain{k}"]["cpu_us_per_msg"].get("broker_net")) for k in chain_hops
+    )
+    if name not in configs or len(chain) < 2 or any(c is None for _, c in chain) or not plain_cpu:
+        return None
+    (k0, c0), (k1, c1) = chain[0], chain[-1]
+    assert c0 is not None and c1 is not None
+    per_hop = (c1 - c0) / (k1 - k0)
+    hops = configs[name].get("mean_hops") or 0.0
+    floor = c0 + (hops - k0) * per_hop
+    return {
+        "per_hop_us": round(per_hop, 1),
+        "mean_hops": hops,
+        "broker_us_per_msg": round(floor, 1),
+        "ratio_to_plain": _ratio(floor, plain_cpu),
+        "how": f"chain{k0} + (mean hops - {k0}) x (chain{k1} - chain{k0}) / {k1 - k0}",
+    }
+
+
+async def workload_long(suite: Suite) -> None:
+    from bench.held import run_long
+
+    await run_long(suite)
+
+
+async def workload_layout(suite: Suite) -> None:
+    from bench.held import run_layout
+
+    await run_layout(suite)
 
 
 WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
@@ -854,6 +925,8 @@ WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "seeds": workload_seeds,
     "scale": workload_scale,
     "engine43": workload_engine43,
+    "long": workload_long,
+    "layout": workload_layout,
 }
 
 
@@ -872,12 +945,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="runs per timing (median reported)")
     p.add_argument("--scale-messages", type=int, help="pending messages; 0 skips scale")
     p.add_argument("--scale-publisher", choices=("sync", "async"))
-    p.add_argument("--rates", help="e2e rates per second, comma list (default 200,500,1000)")
+    p.add_argument("--rates", help="e2e rates per second, comma list (default 250,500,1000)")
+    p.add_argument("--duration", type=float, help="e2e: seconds of due messages a run (default 4)")
+    p.add_argument("--hops-rates", help="hops rates per second, comma list (default 250,500)")
     p.add_argument("--hops-rounds", type=int, help="rounds of the hops workload (default 2)")
-    p.add_argument("--hops-duration", type=float, help="seconds per hops run (default 60)")
+    p.add_argument("--hops-duration", type=float, help="seconds per hops run (default 30)")
     p.add_argument(
         "--hops-spread", type=int, help="hops: also 1 hop spread over N queues (default off)"
     )
+    p.add_argument(
+        "--long-delays", help="long: shortest,longest delay (default 10m,1h; e.g. 10m,12m)"
+    )
+    p.add_argument("--long-rate", type=float, help="long: messages due per second (default 5)")
+    p.add_argument(
+        "--long-duration", type=float, help="long: seconds over which they fall due (default 120)"
+    )
+    p.add_argument("--layout-rounds", type=int, help="rounds of the layout workload (default 2)")
+    p.add_argument("--layout-duration", type=float, help="seconds per layout run (default 30)")
     p.add_argument("--peers", help=f"designs for seeds/peers (default all): {','.join(PEER_NAMES)}")
     p.add_argument("--worker", choices=("subprocess", "inproc"), help="where the Worker runs")
     p.add_argument("--url", default=DEFAULT_AMQP_URL, help="AMQP URL (env: BENCH_AMQP_URL)")
@@ -898,7 +982,7 @@ def sizes_from(args: argparse.Namespace) -> SuiteSizes:
     if args.scale_publisher:
         sizes.scale_publisher = args.scale_publisher
     if args.rates:
-        sizes.rates = tuple(float(r) for r in args.rates.split(",") if r.strip())
+        sizes.rates = _floats(args.rates)
     if args.peers:
         names = tuple(n.strip() for n in args.peers.split(",") if n.strip())
         for n in names:
@@ -907,6 +991,17 @@ def sizes_from(args: argparse.Namespace) -> SuiteSizes:
         sizes.peers = names
     if args.worker:
         sizes.worker = args.worker
+    if args.duration is not None:
+        sizes.duration_s = args.duration
+    if args.hops_rates:
+        sizes.hops_rates = _floats(args.hops_rates)
+    if args.long_delays:
+        sizes.long_delays_ms = _delay_range(args.long_delays)
+    for name in ("long_rate", "long_duration", "layout_rounds", "layout_duration"):
+        value = getattr(args, name)
+        if value is not None:
+            field_name = name.replace("duration", "duration_s")
+            setattr(sizes, field_name, value)
     if args.hops_rounds is not None:
         sizes.hops_repeats = args.hops_rounds
     if args.hops_duration is not None:
@@ -916,8 +1011,27 @@ def sizes_from(args: argparse.Namespace) -> SuiteSizes:
     return sizes
 
 
+def _delay_range(text: str) -> tuple[int, int]:
+    """``10m,1h`` as milliseconds, shortest first."""
+    from rmqdelay import parse_duration_us
+
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        low, high = (parse_duration_us(p) // 1000 for p in parts)
+    except ValueError as exc:
+        raise SystemExit(f"--long-delays wants two durations, like 10m,1h: {exc}") from None
+    if not 0 < low <= high:
+        raise SystemExit(f"--long-delays {text}: the first must be positive, and not the longer")
+    return int(low), int(high)
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(r) for r in text.split(",") if r.strip())
+
+
 def selected(args: argparse.Namespace) -> list[str]:
-    chosen = [w.strip() for w in args.only.split(",")] if args.only else list(WORKLOADS)
+    default = [w for w in WORKLOADS if w not in OPT_IN]
+    chosen = [w.strip() for w in args.only.split(",")] if args.only else default
     skip = {w.strip() for w in args.skip.split(",")} if args.skip else set()
     for w in [*chosen, *skip]:
         if w and w not in WORKLOADS:

@@ -76,17 +76,21 @@ class RmqdelayPeer:
         publisher: str = "async",
         worker: str = "subprocess",
         concurrency: int = 64,
-        prefetch: int = 256,
+        prefetch: int | None = 256,
         window: int = 1000,
         body_bytes: int = 100,
         worker_log_level: str = "WARNING",
         label: str | None = None,
         journal: bool = True,
+        held: bool = False,
+        lean: bool = False,
     ) -> None:
         if publisher not in PUBLISHERS:
             raise ValueError(f"publisher must be one of {PUBLISHERS}")
         if worker not in WORKERS:
             raise ValueError(f"worker must be one of {WORKERS}")
+        if lean and not held:
+            raise ValueError("lean needs held: only a held layout leaves low tiers unused")
         self.prefix = unique_prefix("rmqdelay")
         self.settings_kwargs: dict[str, Any] = {
             "url": url,
@@ -100,11 +104,13 @@ class RmqdelayPeer:
             "destinations": [],
             "connection_name": self.prefix,
             "schedule_journal": journal,
+            "held_destinations": [DESTINATION] if held else [],
         }
         self.settings = Settings(**self.settings_kwargs)  # validates now; creates nothing
         self.radix, self.resolution_ms = radix, resolution_ms
         self.named_tiers = list(named_tiers)
         self.queue_type = queue_type
+        self.held, self.lean = held, lean
         self.publisher_kind, self.worker_kind = publisher, worker
         self.concurrency, self.prefetch, self.window = concurrency, prefetch, window
         self.worker_log_level = worker_log_level
@@ -112,13 +118,18 @@ class RmqdelayPeer:
         named = "+named " + ",".join(named_tiers) if named_tiers else ""
         self.name = label or (
             f"rmqdelay-r{radix}{'-named' if named_tiers else ''}-{publisher}-{queue_type}"
+            + ("-held" if held else "")
+            + ("-lean" if lean else "")
         )
+        layout = self.settings_layout()
         self.description = (
             f"rmqdelay {_version()} (this project): radix {radix}{named}, resolution "
             f"{format_ms(resolution_ms)}, {queue_type} tier queues, journal "
             f"{'on' if journal else 'off'} "
-            f"({len(self.settings_layout().tiers)} tiers, {len(self.settings_layout().positions)} "
-            f"positions), topology applied by rmqdelay.TopologyManager. Published with "
+            f"({len(layout.tiers)} tiers, {len(layout.positions)} "
+            f"positions), topology applied by rmqdelay.TopologyManager. "
+            + (_held_words(layout, lean) if held else "")
+            + "Published with "
             + (
                 "rmqdelay.AsyncPublisher (aio-pika)"
                 if publisher == "async"
@@ -126,7 +137,7 @@ class RmqdelayPeer:
             )
             + f".publish_many (pipelined confirms, window {window}, mandatory, persistent). "
             f"Drained by the real rmqdelay.Worker (async handler, concurrency {concurrency}, "
-            f"prefetch {prefetch}, log level {worker_log_level}) "
+            f"prefetch {prefetch or 'the Worker default'}, log level {worker_log_level}) "
             + (
                 "in its own process (like `rmqdelay worker`)."
                 if worker == "subprocess"
@@ -152,8 +163,13 @@ class RmqdelayPeer:
         self._torn_down = False
 
     def settings_layout(self) -> Any:
-
         return self.settings.layout
+
+    def unused_tiers(self) -> list[str]:
+        """Tier queues a held destination's messages never enter: the positions below the
+        hold window (its low digits are rounded away)."""
+        layout = self.settings_layout()
+        return [t.queue for p in layout.positions if p.weight < layout.hold_units for t in p.tiers]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -177,9 +193,30 @@ class RmqdelayPeer:
             await self.teardown()
             raise
 
+    async def apply_only(self) -> None:
+        """The topology alone, no publisher or worker (``teardown()`` destroys it): what
+        idle tier queues cost the broker."""
+        self._topology_applied = True
+        await asyncio.to_thread(self._apply)
+
     def _apply(self) -> None:
         with TopologyManager(self.settings) as manager:
             manager.apply([DESTINATION])
+        if self.lean:
+            self._delete_unused()
+
+    def _delete_unused(self) -> None:
+        """What a layout made for held destinations only would not declare (their
+        bindings go with them; ``destroy`` skips what is missing)."""
+        import pika
+
+        connection = pika.BlockingConnection(pika.URLParameters(self.settings_kwargs["url"]))
+        try:
+            channel = connection.channel()
+            for queue in self.unused_tiers():
+                channel.queue_delete(queue)
+        finally:
+            connection.close()
 
     def _sync_connect(self) -> Publisher:
         return Publisher(self.settings, window=self.window).connect()
@@ -189,8 +226,8 @@ class RmqdelayPeer:
             sys.executable, "-m", "bench.peers.rmqdelay_worker", json.dumps(self.settings_kwargs),
             "--destination", DESTINATION,
             "--concurrency", str(self.concurrency),
-            "--prefetch", str(self.prefetch),
             "--log-level", self.worker_log_level,
+            *(["--prefetch", str(self.prefetch)] if self.prefetch else []),
         ]  # fmt: skip
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -265,7 +302,7 @@ class RmqdelayPeer:
 
         self._consumer_conn = await aio_pika.connect(self.settings.url.get_secret_value())
         channel = await self._consumer_conn.channel()
-        await channel.set_qos(prefetch_count=self.prefetch)
+        await channel.set_qos(prefetch_count=self.prefetch or self.concurrency)
         layout = self.settings_layout()
         queue = await channel.get_queue(layout.work_queue(DESTINATION), ensure=False)
 
@@ -414,6 +451,22 @@ class RmqdelayPeer:
             if task is not None:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.wait_for(task, 5)
+
+
+def _held_words(layout: Any, lean: bool) -> str:
+    unused = sum(len(p.tiers) for p in layout.positions if p.weight < layout.hold_units)
+    return (
+        f"Destination held (Settings(held_destinations=[{DESTINATION!r}])): publishers round "
+        f"each delay down to the hold window {format_ms(layout.hold_ms)}, so the messages skip "
+        "the digits below it and reach the work queue up to that early; the Worker holds each "
+        "unacked until its rmqdelay-due-at. "
+        + (
+            f"Lean: the {unused} tier queues below the window (unused when held) are deleted "
+            "after apply. "
+            if lean
+            else ""
+        )
+    )
 
 
 def _version() -> str:

@@ -1,7 +1,7 @@
 """The rmqdelay Worker as the bench's drain, run as its own process (like ``rmqdelay worker``).
 
     python -m bench.peers.rmqdelay_worker '<settings as JSON>' --destination bench \
-        --concurrency 64 --prefetch 256 --log-level WARNING
+        --concurrency 64 [--prefetch 256] --log-level WARNING
 
 It builds a real :class:`rmqdelay.Worker` with one async handler for ``--destination`` and
 runs it with ``RunningWorker.run_until_signalled()`` (the same loop the CLI runs: SIGTERM
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("settings", help="rmqdelay.Settings keyword arguments as a JSON object")
     p.add_argument("--destination", default="bench")
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--prefetch", type=int, default=256)
+    p.add_argument("--prefetch", type=int, help="default: the Worker's own")
     p.add_argument("--log-level", default="WARNING")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s %(message)s")
