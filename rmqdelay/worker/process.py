@@ -134,7 +134,13 @@ class Processor:
         for holding in list(self._holdings):
             if holding.session is session and tag in (None, holding.consumer_tag):
                 self._take_back(holding, cause)
-        self.holder.taken_back(session, tag)
+        held = self.holder.taken_back(session, tag)
+        if held and cause == "consumer timeout":  # they come back, held for what remains
+            log.warning(
+                "consumer timeout: the broker took back %d held message(s) before their "
+                "due time; keep the consumer timeout well over hold_window",
+                held,
+            )
 
     def _take_back(self, holding: _Holding, cause: Cause) -> None:
         if holding.taken:
