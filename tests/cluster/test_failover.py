@@ -18,6 +18,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from rmqdelay import (
     BatchPublishError,
     Context,
@@ -47,9 +49,14 @@ class Seen:
                 self.early += 1
 
 
-def _settings(urls: list[str], prefix: str, **more: Any) -> Settings:
+def _settings(urls: list[str], prefix: str, *, held: bool = False, **more: Any) -> Settings:
     return Settings(
-        url=",".join(urls), prefix=prefix, max_delay="2m", connection_name=prefix, **more
+        url=",".join(urls),
+        prefix=prefix,
+        max_delay="2m",
+        connection_name=prefix,
+        held_destinations=[DEST] if held else [],
+        **more,
     )
 
 
@@ -108,9 +115,12 @@ async def _run_worker(
         return runner.connects
 
 
-def test_kill_9_of_the_busiest_node_loses_nothing(local_cluster: Cluster) -> None:
+@pytest.mark.parametrize("held", [False, True], ids=["tiers", "held"])
+def test_kill_9_of_the_busiest_node_loses_nothing(local_cluster: Cluster, held: bool) -> None:
+    """Held: the destination's messages skip the last digits and the worker holds them
+    unacked until due; those it holds on the killed node come back, none early."""
     prefix = f"t-failover-{uuid.uuid4().hex[:6]}"
-    base = _settings(local_cluster.urls, prefix)
+    base = _settings(local_cluster.urls, prefix, held=held)
     with TopologyManager(base) as manager:
         manager.apply([DEST])
     leaders = local_cluster.leaders(prefix)
@@ -119,7 +129,7 @@ def test_kill_9_of_the_busiest_node_loses_nothing(local_cluster: Cluster) -> Non
     urls = [local_cluster.urls[busiest]] + [
         u for i, u in enumerate(local_cluster.urls) if i != busiest
     ]
-    settings = _settings(urls, prefix)  # both clients connect to the busiest node first
+    settings = _settings(urls, prefix, held=held)  # both clients go to the busiest node first
     seen, done = Seen(), threading.Event()
     confirmed: dict[str, int] = {}
     loop_result: dict[str, int] = {}
@@ -143,7 +153,7 @@ def test_kill_9_of_the_busiest_node_loses_nothing(local_cluster: Cluster) -> Non
         done.set()
         thread.join(60)
         local_cluster.restart(busiest)
-        with TopologyManager(_settings(local_cluster.urls, prefix)) as manager:
+        with TopologyManager(_settings(local_cluster.urls, prefix, held=held)) as manager:
             manager.destroy([DEST], force=True)  # no API on :15672 to discover it
     lost = confirmed.keys() - seen.at_ms.keys()
     duplicates = sum(len(v) - 1 for v in seen.at_ms.values())
@@ -298,7 +308,7 @@ class _WarnedAt(logging.Handler):
         self.at.append(time.monotonic())
 
 
-def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
+def _partition_run(cluster: Cluster, cut: int, first: int, held: bool) -> None:
     """Steady traffic (50 messages due in 0.5-5 s every 0.2 s) from a publisher and a
     worker that both connect to node *first* first; node *cut* is cut off from the other
     two for PARTITION_S, then healed. Every message confirmed must be handled, none early,
@@ -307,8 +317,8 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     prefix = f"t-partition-{uuid.uuid4().hex[:6]}"
     urls = [cluster.urls[first]] + [u for i, u in enumerate(cluster.urls) if i != first]
     # confirm_timeout bounds how long a publisher stays on a node that gives no confirms
-    settings = _settings(urls, prefix, confirm_timeout=5.0)
-    with TopologyManager(_settings(cluster.urls, prefix)) as manager:
+    settings = _settings(urls, prefix, held=held, confirm_timeout=5.0)
+    with TopologyManager(_settings(cluster.urls, prefix, held=held)) as manager:
         manager.apply([DEST])
     seen, done, stop_traffic = Seen(), threading.Event(), threading.Event()
     confirmed: dict[str, int] = {}
@@ -361,7 +371,7 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
             for t in threads:
                 t.join(60)
             publisher_log.removeHandler(watcher)
-            with TopologyManager(_settings(cluster.urls, prefix)) as manager:
+            with TopologyManager(_settings(cluster.urls, prefix, held=held)) as manager:
                 manager.destroy([DEST], force=True)
     lost = confirmed.keys() - seen.at_ms.keys()
     duplicates = sum(len(v) - 1 for v in seen.at_ms.values())
@@ -373,6 +383,7 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     gap = max((b - a for a, b in itertools.pairwise(handled)), default=0) / 1000
     p99 = lateness[int(len(lateness) * 0.99)] if lateness else 0.0
     which = "the clients' node" if cut == first else "a node no client is on"
+    which += ", held" if held else ""
     moved = [f"{at - cut_at:.1f}s" for at in reconnected_at]
     print(
         f"\npartition of {which} ({cluster.urls[cut].split('@')[1]}) for {PARTITION_S:.0f}s "
@@ -393,9 +404,11 @@ def _partition_run(cluster: Cluster, cut: int, first: int) -> None:
     assert max(lateness) <= PARTITION_S + 15
 
 
-def test_a_partition_of_the_clients_node_loses_nothing(local_cluster: Cluster) -> None:
-    _partition_run(local_cluster, cut=2, first=2)
+@pytest.mark.parametrize("held", [False, True], ids=["tiers", "held"])
+def test_a_partition_of_the_clients_node_loses_nothing(local_cluster: Cluster, held: bool) -> None:
+    _partition_run(local_cluster, cut=2, first=2, held=held)
 
 
-def test_a_partition_of_another_node_loses_nothing(local_cluster: Cluster) -> None:
-    _partition_run(local_cluster, cut=2, first=0)
+@pytest.mark.parametrize("held", [False, True], ids=["tiers", "held"])
+def test_a_partition_of_another_node_loses_nothing(local_cluster: Cluster, held: bool) -> None:
+    _partition_run(local_cluster, cut=2, first=0, held=held)
