@@ -438,7 +438,12 @@ class TopologyManager:
             if self._exists("exchange", exchange.name) is not None:
                 self._chan().exchange_delete(exchange.name)
                 deleted.append(exchange.name)
-        for marker in self.stale_markers(extra):  # marks of destinations not held here
-            self._chan().exchange_delete(marker)
-            deleted.append(marker)
+        # marks of destinations not held here, and of every destination destroyed (an
+        # x-delay bridge's own, which stale_markers leaves alone, goes with its queue)
+        declared = {e.name for e in topology.exchanges}
+        marks = {self.layout.held_marker(d) for d in extra} | set(self.stale_markers(extra))
+        for marker in sorted(marks - declared):
+            if self._exists("exchange", marker) is not None:
+                self._chan().exchange_delete(marker)
+                deleted.append(marker)
         return deleted

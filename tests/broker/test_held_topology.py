@@ -57,3 +57,28 @@ def test_held_marked_reported_stale_and_shown_by_status(env: dict[str, str], pre
     assert run_cli(env, "topology", "verify", "--held", "emails").returncode == 1
     after = run_cli(env, "status", "-d", "jobs", "--json", "--amqp-only")
     assert json.loads(after.stdout)["destinations"][0]["held"] is False
+
+
+def test_destroy_removes_the_marker_of_each_destination_it_destroys(
+    env: dict[str, str], amqp_url: str, prefix: str
+) -> None:
+    """An x-delay bridge's own marker (its argument keeps ``plan`` from calling it stale)
+    goes with its destination's queue, as a left-over one does."""
+    import pika
+
+    from rmqdelay.core.topology import BRIDGE_MARKER_ARGUMENT
+
+    assert run_cli(env, "topology", "apply", "-d", "bridged").returncode == 0
+    marker = f"{prefix}.held.bridged"
+    connection = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        channel = connection.channel()
+        arguments = {BRIDGE_MARKER_ARGUMENT: f"{prefix}.x"}
+        channel.exchange_declare(marker, "fanout", durable=True, arguments=arguments)
+        assert run_cli(env, "topology", "plan", "-d", "bridged").returncode == 0
+        destroyed = run_cli(env, "topology", "destroy", "--yes", "-d", "bridged")
+        assert destroyed.returncode == 0, destroyed.stderr
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="NOT_FOUND"):
+            connection.channel().exchange_declare(marker, passive=True)
+    finally:
+        connection.close()
