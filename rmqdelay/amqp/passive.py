@@ -9,6 +9,8 @@ client library, both bounded by ``timeout`` (pika's only on rmqdelay's fast path
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import pika
@@ -87,17 +89,34 @@ def queue_exists(connection: pika.BlockingConnection, queue: str, timeout: float
     return ready_messages(connection, queue, timeout) is not None
 
 
+_CHECKS: weakref.WeakKeyDictionary[AbstractConnection, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _checking(connection: AbstractConnection) -> asyncio.Lock:
+    """One passive check at a time per connection. A 404 closes the check's channel, and
+    aiormq frees its number when the broker's Channel.Close arrives, before its CloseOk
+    is queued: a channel opened meanwhile may take the number and send Channel.Open
+    first ("second 'channel.open' seen"). Once a check has raised, its CloseOk is queued,
+    so the next check's Channel.Open goes after it. (A held marker's check is a 404 for
+    every destination not held: many concurrent publishes met this at once.)"""
+    lock = _CHECKS.get(connection)
+    if lock is None:
+        lock = _CHECKS[connection] = asyncio.Lock()
+    return lock
+
+
 async def _declare(connection: AbstractConnection, queue: str) -> int | None:
     import aiormq
 
-    channel = await connection.channel(publisher_confirms=False)
-    try:
-        declared = await channel.declare_queue(queue, passive=True)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return None
-    except aiormq.exceptions.ChannelAccessRefused as exc:
-        raise AccessRefusedError(queue, str(exc.args[-1] if exc.args else exc)) from None
-    await channel.close()
+    async with _checking(connection):
+        channel = await connection.channel(publisher_confirms=False)
+        try:
+            declared = await channel.declare_queue(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return None
+        except aiormq.exceptions.ChannelAccessRefused as exc:
+            raise AccessRefusedError(queue, str(exc.args[-1] if exc.args else exc)) from None
+        await channel.close()
     result = declared.declaration_result
     return int(result.message_count or 0) if result is not None else 0
 
@@ -106,8 +125,6 @@ async def ready_messages_async(
     connection: AbstractConnection, queue: str, timeout: float
 ) -> int | None:
     """Messages ready in ``queue``, None when it does not exist; AccessRefusedError on 403."""
-    import asyncio
-
     try:
         return await asyncio.wait_for(_declare(connection, queue), timeout)
     except asyncio.TimeoutError:
@@ -134,20 +151,21 @@ async def exchange_exists_async(
 ) -> bool:
     """Whether ``exchange`` exists (a passive declare on a channel of its own);
     AccessRefusedError on 403."""
-    import asyncio
 
     import aiormq
 
     async def check() -> bool:
-        channel = await connection.channel(publisher_confirms=False)
-        try:
-            await channel.get_exchange(exchange, ensure=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return False
-        except aiormq.exceptions.ChannelAccessRefused as exc:
-            raise AccessRefusedError(exchange, str(exc.args[-1] if exc.args else exc)) from None
-        await channel.close()
-        return True
+        async with _checking(connection):
+            channel = await connection.channel(publisher_confirms=False)
+            try:
+                await channel.get_exchange(exchange, ensure=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                return False
+            except aiormq.exceptions.ChannelAccessRefused as exc:
+                detail = str(exc.args[-1] if exc.args else exc)
+                raise AccessRefusedError(exchange, detail) from None
+            await channel.close()
+            return True
 
     try:
         return await asyncio.wait_for(check(), timeout)
