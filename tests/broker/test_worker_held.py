@@ -37,6 +37,17 @@ def held_case(topology: TestTopology, *names: str, **extra: Any) -> WorkerCase:
     return topology.worker(*(names or ("jobs",)), held_destinations=[dest], **extra)
 
 
+def handled_at(case: WorkerCase) -> dict[str, int]:
+    """Register the case's handler: each message id -> when it was handled (Unix ms)."""
+    handled: dict[str, int] = {}
+
+    @case.app.handler(case.dest)
+    async def handle(msg: dict[str, int], ctx: Context) -> None:
+        handled[ctx.message_id] = now_ms()
+
+    return handled
+
+
 def held_gauge(dest: str) -> float:
     return REGISTRY.get_sample_value("rmqdelay_held_messages", {"destination": dest}) or 0.0
 
@@ -55,12 +66,8 @@ async def test_held_messages_are_handled_at_their_due_time_never_early(
     shared_topology: TestTopology,
 ) -> None:
     case = held_case(shared_topology)
-    dest, settings, app, _calls = case
-    handled: dict[str, int] = {}
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        handled[ctx.message_id] = now_ms()
+    dest, settings, _app, _calls = case
+    handled = handled_at(case)
 
     delays_ms = [1000, 1500, 2000, 2600, 3100, 3700, 4000, 1200]
     async with case.running(concurrency=2) as publisher:
@@ -91,11 +98,7 @@ async def test_a_due_message_behind_many_held_ones_is_handled_at_once(
     is handled within moments, while every held one still waits."""
     case = held_case(shared_topology)
     dest, settings, app, _calls = case
-    handled: dict[str, int] = {}
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        handled[ctx.message_id] = now_ms()
+    handled = handled_at(case)
 
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=1) as runner:
         held = [await publisher.publish(dest, {"n": i}, delay=f"{INSIDE_MS}ms") for i in range(60)]
@@ -120,11 +123,7 @@ async def test_the_gauge_counts_held_messages_and_max_held_is_logged(
     the rest in the queue until some are due."""
     case = held_case(shared_topology, max_held=5)
     dest, settings, app, _calls = case
-    handled: dict[str, int] = {}
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        handled[ctx.message_id] = now_ms()
+    handled = handled_at(case)
 
     caplog.set_level(logging.INFO, "rmqdelay.worker")
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=1) as runner:
@@ -148,11 +147,7 @@ async def test_a_cancel_issued_while_a_message_is_held_skips_it(
 ) -> None:
     case = held_case(shared_topology)
     dest, settings, app, _calls = case
-    handled: dict[str, int] = {}
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        handled[ctx.message_id] = now_ms()
+    handled = handled_at(case)
 
     before = outcomes(dest, "cancelled")
     async with AsyncPublisher(settings) as publisher, app.running(concurrency=2) as runner:
@@ -208,11 +203,7 @@ async def test_a_graceful_stop_returns_held_messages_unhandled(
     many), and the next worker holds it again for what remains."""
     case = held_case(shared_topology)
     dest, settings, app, _calls = case
-    handled: dict[str, int] = {}
-
-    @app.handler(dest)
-    async def handle(msg: dict[str, int], ctx: Context) -> None:
-        handled[ctx.message_id] = now_ms()
+    handled = handled_at(case)
 
     caplog.set_level(logging.INFO, "rmqdelay.worker")
     async with AsyncPublisher(settings) as publisher:
