@@ -9,7 +9,6 @@ schedule and meanwhile fails calls with a bare RuntimeError).
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -20,7 +19,14 @@ from typing_extensions import Self
 
 from ..core.journal.steps import Read
 from ..core.publishing.aio_api import AbstractAsyncPublisher
-from ..core.publishing.outgoing import Outcome, Outgoing, Prepared, PublishResult
+from ..core.publishing.outgoing import (
+    Outcome,
+    Outgoing,
+    Prepared,
+    PublishResult,
+    WithRecords,
+    merged_write,
+)
 from ..core.steps import (
     CheckExchange,
     Checkpoint,
@@ -38,6 +44,7 @@ from ..errors import (
     PublishError,
 )
 from . import aiormq_private
+from .aio_sending import EncodedProperties, JournalLinger, send_encoded
 from .aio_streams import AsyncStream
 from .checkpoints import checkpoint_aside
 from .connections import connect_async
@@ -45,7 +52,7 @@ from .journal import journal_step_async
 from .passive import exchange_exists_async, queue_exists_async
 from .publishing import FAILOVER_CLOSE_S, PublisherSurface
 
-__all__ = ["AsyncPublisher", "EncodedProperties", "send_encoded"]
+__all__ = ["AsyncPublisher"]
 
 T = TypeVar("T")
 _CHUNK = 128
@@ -65,45 +72,6 @@ _LOST = (
 """What aio-pika and aiormq raise when the connection or channel went away."""
 
 
-class EncodedProperties(Basic.Properties):
-    """pamqp's properties object sending the bytes rmqdelay encoded (:mod:`..core.wire`).
-
-    ``message_id`` stays an attribute: aiormq matches a basic.return to its publish by it.
-    """
-
-    def __init__(self, encoded: bytes, message_id: str) -> None:
-        super().__init__(message_id=message_id)
-        self._encoded = encoded
-
-    def marshal(self) -> bytes:
-        return self._encoded
-
-
-async def send_encoded(
-    channel: AbstractChannel,
-    body: bytes,
-    properties: EncodedProperties,
-    *,
-    exchange: str,
-    routing_key: str,
-    timeout: float,
-) -> None:
-    """basic.publish, mandatory, on a confirm channel; wait for the confirm or raise.
-
-    aio-pika's own transport, without a Message and Exchange object per publish.
-    """
-    underlay = await channel.get_underlay_channel()
-    await underlay.basic_publish(
-        body,
-        exchange=exchange,
-        routing_key=routing_key,
-        properties=properties,
-        mandatory=True,
-        timeout=timeout,
-        **_NO_DRAIN,
-    )
-
-
 class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublisher):
     """Publish delayed messages with confirms, from asyncio code.
 
@@ -115,6 +83,7 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
     _watched: AbstractConnection | None = None
     _followers: dict[str, AsyncStream] | None = None
     _checkpointing: asyncio.Future[None] | None = None
+    _linger: JournalLinger | None = None
 
     async def connect(self) -> Self:
         self._started = True
@@ -126,6 +95,8 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
         checkpointing, self._checkpointing = self._checkpointing, None
         if checkpointing is not None:
             await checkpointing  # a short-lived process would leave it cut off
+        if self._linger is not None:
+            await self._linger.close()  # the records of publishes still waiting
         channel, self._channel = self._channel, None
         followers, self._followers = self._followers or {}, None
         for follower in followers.values():
@@ -239,13 +210,27 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
         if isinstance(step, Failover):
             return await self._failover(step.reason)
         if isinstance(step, Send):
-            return await self._send(step.batch)
+            batch = step.batch
+            linger = self._journal_linger()
+            if linger is not None and isinstance(batch, WithRecords) and len(batch.writes) == 1:
+                write = batch.write(0)
+                if merged_write([write]) is not None:  # not keyed: no marker awaited
+                    sent, written = await asyncio.gather(
+                        self._send(batch.messages), linger.write(write)
+                    )
+                    return [*sent, written]
+            return await self._send(batch)
         if isinstance(step, Read) and step.keep is not None:
             if self._followers is None:
                 self._followers = {}
             follower = self._followers.setdefault(step.keep, AsyncStream())
             return await follower.read(await self._live_connection(), step)
         return await journal_step_async(await self._live_connection(), step)
+
+    def _journal_linger(self) -> JournalLinger | None:
+        if self._linger is None and self.settings.journal_linger and self.settings.schedule_journal:
+            self._linger = JournalLinger(self.settings.journal_linger / 1000, self._send)
+        return self._linger
 
     async def _failover(self, reason: str) -> bool:
         """:meth:`rmqdelay.Publisher._failover`, from asyncio code."""
@@ -428,17 +413,3 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
 def _is_open(connection: AbstractConnection) -> bool:
     # aio-pika leaves is_closed False when the broker closes the connection
     return not connection.is_closed and connection.connected.is_set()
-
-
-def _no_drain() -> dict[str, Any]:
-    """``wait=False`` where aiormq has it: do not wait for each frame to be flushed.
-
-    The confirm is still awaited (it cannot come before the bytes went out), and the
-    window bounds what sits in the write buffer. Waiting for every flush cost about 13 %
-    of the client CPU per message (bench/README.md, "What limits the figures").
-    """
-    params = inspect.signature(aiormq.Channel.basic_publish).parameters
-    return {"wait": False} if "wait" in params else {}
-
-
-_NO_DRAIN = _no_drain()

@@ -14,7 +14,7 @@ import contextlib
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
-from ..amqp.aio_publisher import EncodedProperties, send_encoded
+from ..amqp.aio_sending import EncodedProperties, send_encoded
 from ..core.handling.retry import Park
 from ..errors import ConfirmTimeoutError, PublishError, PublishNackedError, TopologyError
 from .envelope import Restored

@@ -17,7 +17,8 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage
 
-from ..amqp.aio_publisher import AsyncPublisher, EncodedProperties, send_encoded
+from ..amqp.aio_publisher import AsyncPublisher
+from ..amqp.aio_sending import EncodedProperties, send_encoded
 from ..core.clock import datetime_of_ms, now_ms, timedelta_of_ms
 from ..core.handling.handlers import HandlerSpec
 from ..core.handling.parking import parked_headers, short_traceback

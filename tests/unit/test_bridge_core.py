@@ -16,7 +16,7 @@ from pamqp import frame as pamqp_frame
 from pamqp import header as pamqp_header
 
 from rmqdelay import ConfigurationError, InvalidDestinationError, Settings
-from rmqdelay.amqp.aio_publisher import EncodedProperties
+from rmqdelay.amqp.aio_sending import EncodedProperties
 from rmqdelay.bridge.envelope import (
     CONTENT_TYPE,
     PLUGIN_MAX_DELAY_MS,

@@ -217,7 +217,7 @@ def test_a_wrong_value_is_refused_in_the_words_users_know(given: dict[str, Any],
 def test_every_setting_is_declared_once_with_a_description() -> None:
     """The settings reference is generated from these fields."""
     declared = fields(Settings)
-    assert len(declared) == 34
+    assert len(declared) == 35
     assert all(len(f.metadata["description"]) > 10 for f in declared)
     with _environment({}):
         assert Settings().as_dict().keys() == {f.name for f in declared}

@@ -22,7 +22,7 @@ from pamqp import header as pamqp_header
 from pydantic import BaseModel
 
 from rmqdelay import InvalidBodyError, InvalidDestinationError, InvalidMessageError, Settings
-from rmqdelay.amqp.aio_publisher import EncodedProperties
+from rmqdelay.amqp.aio_sending import EncodedProperties
 from rmqdelay.amqp.publisher import pika_properties
 from rmqdelay.core.messages import CARRIED, DESTINATION, DUE_AT
 from rmqdelay.core.publishing.outgoing import Prepared

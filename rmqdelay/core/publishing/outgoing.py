@@ -10,7 +10,7 @@ a message through these stages are in :mod:`.publisher`, their steps in
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, NamedTuple, overload
 
@@ -35,6 +35,7 @@ __all__ = [
     "PublishResult",
     "WithRecords",
     "gather_results",
+    "merged_write",
 ]
 
 ConflictChoice = Literal["ignore", "replace"]
@@ -229,6 +230,24 @@ class WithRecords(_MadeWhenRead):
         if step == 1 and stop <= len(self.messages):  # messages only: the batch's slice
             return list(self.messages[start:stop])
         return super()._range(start, stop, step)
+
+
+def merged_write(writes: Sequence[Prepared]) -> Prepared | None:
+    """The journal writes of several publishes as one stream message, their lines in
+    order; None when one of them must stay alone (a keyed write's marker ends it).
+
+    A stream write costs the broker about as much for one record as for three: 270 µs
+    a write of one, 87 µs a record at three (bench/README.md, "The journal's writes").
+    """
+    if any(w.marker is not None or w.own_records for w in writes):
+        return None
+    if len(writes) == 1:
+        return writes[0]
+    return replace(
+        writes[0],
+        body=b"\n".join(w.body for w in writes),
+        journal_records=sum(w.journal_records for w in writes),
+    )
 
 
 @dataclass(frozen=True)

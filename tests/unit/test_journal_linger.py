@@ -1,0 +1,122 @@
+"""Several publishes' journal writes as one stream message: the merge (pure) and the
+asyncio publisher's linger that gathers them (its sender replaced by a recorder; the
+broker side is tests/broker/test_journal_linger.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rmqdelay import Settings
+from rmqdelay.amqp.aio_sending import JournalLinger
+from rmqdelay.core.journal.records import RECORDS_PER_WRITE, decode_records
+from rmqdelay.core.publishing.outgoing import Outcome, Prepared, merged_write
+from rmqdelay.core.publishing.publisher import PublisherCore
+from rmqdelay.errors import JournalError
+
+pytestmark = pytest.mark.unit
+CORE = PublisherCore(Settings(max_delay="2h").layout)
+
+
+def _write(sizes: Sequence[int], tenant: str | None = None) -> Prepared:
+    headers = {"tenant": tenant} if tenant else None
+    batch = [
+        CORE.prepare("orders", b"x" * size, delay=f"{1 + i}s", headers=headers)
+        for i, size in enumerate(sizes)
+    ]
+    return CORE.journal_write(batch, now_ms=7)
+
+
+@given(
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 50), min_size=1, max_size=4), st.booleans()),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_merged_writes_read_back_as_every_write_in_order(
+    spec: list[tuple[list[int], bool]],
+) -> None:
+    writes = [_write(sizes, "t-1" if tagged else None) for sizes, tagged in spec]
+    merged = merged_write(writes)
+    assert merged is not None
+    assert merged.journal_records == sum(w.journal_records for w in writes)
+    assert decode_records(merged.body) == [r for w in writes for r in decode_records(w.body)]
+    assert merged.message_id == writes[0].message_id  # one stream message, the first's id
+
+
+def test_a_keyed_write_is_never_merged() -> None:
+    keyed = CORE.journal_write(
+        [CORE._prepare_keyed("orders", b"abc", "1m", None, None, "k-1", "ignore")]
+    )
+    assert keyed.marker is not None
+    assert merged_write([keyed]) is None
+    assert merged_write([_write([1]), keyed]) is None
+
+
+class Recorder:
+    """A sender that records what it was given and answers with ``answer``."""
+
+    def __init__(self, answer: Outcome | None = None) -> None:
+        self.sent: list[list[Prepared]] = []
+        self.answer = answer
+
+    async def __call__(self, batch: Sequence[Prepared]) -> list[Outcome]:
+        self.sent.append(list(batch))
+        await asyncio.sleep(0)
+        return [self.answer if self.answer is not None else p.message_id for p in batch]  # type: ignore[misc]
+
+
+async def test_writes_within_the_linger_go_as_one_and_each_gets_its_outcome() -> None:
+    recorder = Recorder()
+    linger = JournalLinger(0.05, recorder)
+    writes = [_write([1]), _write([2, 3]), _write([4])]
+    outcomes = await asyncio.gather(*(linger.write(w) for w in writes))
+    assert len(recorder.sent) == 1 and len(recorder.sent[0]) == 1
+    assert recorder.sent[0][0].journal_records == 4
+    assert outcomes == [writes[0].message_id] * 3  # the merged write's outcome, for each
+
+
+async def test_a_full_write_goes_at_once_and_never_over_the_records_per_write() -> None:
+    recorder = Recorder()
+    linger = JournalLinger(60.0, recorder)  # only the count can send it
+    big = _write([0] * (RECORDS_PER_WRITE - 1))
+    first = asyncio.ensure_future(linger.write(big))
+    second = asyncio.ensure_future(linger.write(_write([0, 0])))  # would overflow: alone
+    third = asyncio.ensure_future(linger.write(_write([0] * (RECORDS_PER_WRITE - 2))))  # fills
+    await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+    assert [[p.journal_records for p in batch] for batch in recorder.sent] == [
+        [RECORDS_PER_WRITE - 1],
+        [RECORDS_PER_WRITE],
+    ]
+
+
+async def test_a_failed_write_fails_every_publish_it_recorded() -> None:
+    refused = JournalError("a journal write was refused (test)")
+    linger = JournalLinger(0.01, Recorder(refused))
+    outcomes = await asyncio.gather(linger.write(_write([1])), linger.write(_write([2])))
+    assert outcomes == [refused, refused]
+
+
+async def test_close_sends_what_is_pending_and_waits_for_it() -> None:
+    recorder = Recorder()
+    linger = JournalLinger(60.0, recorder)
+    pending = asyncio.ensure_future(linger.write(_write([1])))
+    await asyncio.sleep(0)
+    await linger.close()
+    assert len(recorder.sent) == 1
+    assert pending.done()
+
+
+async def test_a_cancelled_publish_still_sends_its_record() -> None:
+    recorder = Recorder()
+    linger = JournalLinger(0.01, recorder)
+    waiting = asyncio.ensure_future(linger.write(_write([1])))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await linger.close()
+    assert len(recorder.sent) == 1
