@@ -354,7 +354,7 @@ def from_long(r: dict[str, Any], params: dict[str, Any]) -> Figures:
 
 
 def from_layout(r: dict[str, Any], params: dict[str, Any]) -> Figures:
-    """``layout.held-lean.cpu`` (ratio to ``layout.held.cpu``), ``layout.idle.held``
+    """``layout.held-nolinger.cpu`` (ratio to ``layout.held.cpu``), ``layout.idle.held``
     (the broker's idle CPU in ms a second with the held topology)..."""
     out: Figures = {"layout.rate": fig(params.get("rate"), "msgs/s")}
     for name, c in r["configs"].items():

@@ -82,6 +82,7 @@ class RmqdelayPeer:
         worker_log_level: str = "WARNING",
         label: str | None = None,
         journal: bool = True,
+        journal_linger_ms: int | None = None,
         held: bool = False,
         lean: bool = False,
     ) -> None:
@@ -104,6 +105,7 @@ class RmqdelayPeer:
             "destinations": [],
             "connection_name": self.prefix,
             "schedule_journal": journal,
+            **({} if journal_linger_ms is None else {"journal_linger": journal_linger_ms}),
             "held_destinations": [DESTINATION] if held else [],
         }
         self.settings = Settings(**self.settings_kwargs)  # validates now; creates nothing
@@ -125,7 +127,8 @@ class RmqdelayPeer:
         self.description = (
             f"rmqdelay {_version()} (this project): radix {radix}{named}, resolution "
             f"{format_ms(resolution_ms)}, {queue_type} tier queues, journal "
-            f"{'on' if journal else 'off'} "
+            f"{'on' if journal else 'off'}"
+            f"{'' if journal_linger_ms is None else f', journal_linger {journal_linger_ms} ms'} "
             f"({len(layout.tiers)} tiers, {len(layout.positions)} "
             f"positions), topology applied by rmqdelay.TopologyManager. "
             + (_held_words(layout, lean) if held else "")
