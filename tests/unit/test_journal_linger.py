@@ -75,7 +75,7 @@ async def test_writes_within_the_linger_go_as_one_and_each_gets_its_outcome() ->
     recorder = Recorder()
     linger = JournalLinger(0.05, recorder)
     writes = [_write([1]), _write([2, 3]), _write([4])]
-    outcomes = await asyncio.gather(*(linger.write(w) for w in writes))
+    outcomes: list[object] = list(await asyncio.gather(*(linger.write(w) for w in writes)))
     assert len(recorder.sent) == 1 and len(recorder.sent[0]) == 1
     assert recorder.sent[0][0].journal_records == 4
     assert outcomes == [writes[0].message_id] * 3  # the merged write's outcome, for each
@@ -98,7 +98,9 @@ async def test_a_full_write_goes_at_once_and_never_over_the_records_per_write() 
 async def test_a_failed_write_fails_every_publish_it_recorded() -> None:
     refused = JournalError("a journal write was refused (test)")
     linger = JournalLinger(0.01, Recorder(refused))
-    outcomes = await asyncio.gather(linger.write(_write([1])), linger.write(_write([2])))
+    outcomes: list[object] = list(
+        await asyncio.gather(linger.write(_write([1])), linger.write(_write([2])))
+    )
     assert outcomes == [refused, refused]
 
 
