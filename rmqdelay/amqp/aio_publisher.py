@@ -215,10 +215,12 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
             if linger is not None and isinstance(batch, WithRecords) and len(batch.writes) == 1:
                 write = batch.write(0)
                 if merged_write([write]) is not None:  # not keyed: no marker awaited
-                    sent, written = await asyncio.gather(
-                        self._send(batch.messages), linger.write(write)
-                    )
-                    return [*sent, written]
+                    written = linger.add(write)
+                    with linger.publishing():
+                        sent = await self._send(batch.messages)
+                    outcome = await asyncio.shield(written)
+                    linger.returned()
+                    return [*sent, outcome]
             return await self._send(batch)
         if isinstance(step, Read) and step.keep is not None:
             if self._followers is None:

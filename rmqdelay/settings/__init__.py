@@ -131,7 +131,9 @@ class Settings:
         """How long an asyncio publisher's journal record waits for the next publishes'
         records, to go with them in one stream write (a write costs the broker about as
         much for one record as for three); the messages do not wait. 0: a write per
-        publish. The blocking publisher writes a batch's records at once.""",
+        publish. A caller awaiting each publish in turn does not wait for it. The blocking
+        publisher writes a batch's records at once. A duration (``5ms``; a bare number is
+        seconds, as for every duration).""",
     )
     journal_bodies: bool = setting(
         True,

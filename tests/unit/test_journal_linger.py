@@ -122,3 +122,48 @@ async def test_a_cancelled_publish_still_sends_its_record() -> None:
     waiting.cancel()
     await linger.close()
     assert len(recorder.sent) == 1
+
+
+async def test_a_publish_in_turn_sends_its_record_once_its_messages_are_done() -> None:
+    """A caller awaiting each publish in turn waits for its message, not the linger."""
+    recorder = Recorder()
+    linger = JournalLinger(60.0, recorder)
+    linger.returned()  # the caller's last publish returned just now
+    with linger.publishing():
+        written = linger.add(_write([1]))
+        await asyncio.sleep(0)
+        assert recorder.sent == []  # not before its message is done
+    assert await asyncio.wait_for(asyncio.shield(written), 5) is not None
+    assert len(recorder.sent) == 1
+
+
+async def test_other_records_wait_for_the_linger() -> None:
+    """The first publish, or one long after the last returned, may get company: it waits."""
+    recorder = Recorder()
+    linger = JournalLinger(0.2, recorder)
+    with linger.publishing():  # nothing returned before: not a caller's next
+        one = linger.add(_write([1]))
+    await asyncio.sleep(0.01)  # the last return is 10 ms old: not in turn either
+    with linger.publishing():
+        two = linger.add(_write([2]))
+    await asyncio.sleep(0.05)
+    assert recorder.sent == []
+    await asyncio.wait_for(asyncio.gather(one, two), 5)
+    assert [[p.journal_records for p in batch] for batch in recorder.sent] == [[2]]
+
+
+async def test_a_publish_beside_another_in_flight_is_not_in_turn() -> None:
+    recorder = Recorder()
+    linger = JournalLinger(60.0, recorder)
+    other = linger.publishing()
+    other.__enter__()  # another publish in flight, begun long ago
+    linger.returned()
+    with linger.publishing():  # right after a return, but not alone
+        linger.add(_write([1]))
+    await asyncio.sleep(0)
+    assert recorder.sent == []
+    other.__exit__(None, None, None)  # that one was not in turn: nothing goes
+    await asyncio.sleep(0)
+    assert recorder.sent == []
+    await linger.close()
+    assert len(recorder.sent) == 1
