@@ -27,7 +27,7 @@ from pamqp.commands import Basic
 from ..core.journal.records import RECORDS_PER_WRITE
 from ..core.publishing.outgoing import Outcome, Prepared, merged_write
 
-__all__ = ["EncodedProperties", "JournalLinger", "send_encoded"]
+__all__ = ["BYTES_PER_MERGED_WRITE", "EncodedProperties", "JournalLinger", "send_encoded"]
 
 
 class EncodedProperties(Basic.Properties):
@@ -83,6 +83,10 @@ def _no_drain() -> dict[str, Any]:
 _NO_DRAIN = _no_drain()
 
 
+BYTES_PER_MERGED_WRITE = 1 << 20
+"""Records kept with their bodies can be large: several writes merge up to this many
+bytes (one write bigger goes alone, as before), far under any broker's message limit
+(16 MiB by default since RabbitMQ 4.0)."""
 _IN_TURN_S = 0.001
 """A publish this soon after the last one returned is taken to be its caller's next."""
 
@@ -106,7 +110,7 @@ class JournalLinger:
         self._send = send
         self._writes: list[Prepared] = []
         self._waiting: list[asyncio.Future[Outcome]] = []
-        self._records = 0
+        self._records = self._bytes = 0
         self._publishing = 0
         self._returned_at = float("-inf")
         self._timer: asyncio.TimerHandle | None = None
@@ -114,13 +118,17 @@ class JournalLinger:
 
     def add(self, write: Prepared) -> asyncio.Future[Outcome]:
         """Queue ``write`` with the others pending; its outcome (an exception as a value)."""
-        if self._records + write.journal_records > RECORDS_PER_WRITE:
+        if (
+            self._records + write.journal_records > RECORDS_PER_WRITE
+            or self._bytes + len(write.body) > BYTES_PER_MERGED_WRITE
+        ):
             self.flush()
         loop = asyncio.get_running_loop()
         outcome: asyncio.Future[Outcome] = loop.create_future()
         self._writes.append(write)
         self._waiting.append(outcome)
         self._records += write.journal_records
+        self._bytes += len(write.body)
         if self._records >= RECORDS_PER_WRITE:
             self.flush()
         elif self._timer is None:
@@ -154,7 +162,7 @@ class JournalLinger:
             self._timer.cancel()
             self._timer = None
         writes, waiting = self._writes, self._waiting
-        self._writes, self._waiting, self._records = [], [], 0
+        self._writes, self._waiting, self._records, self._bytes = [], [], 0, 0
         if writes:
             sending = asyncio.ensure_future(self._send_merged(writes, waiting))
             self._sending.add(sending)

@@ -5,6 +5,7 @@ broker side is tests/broker/test_journal_linger.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rmqdelay import Settings
-from rmqdelay.amqp.aio_sending import JournalLinger
+from rmqdelay.amqp.aio_sending import BYTES_PER_MERGED_WRITE, JournalLinger
 from rmqdelay.core.journal.records import RECORDS_PER_WRITE, decode_records
 from rmqdelay.core.publishing.outgoing import Outcome, Prepared, merged_write
 from rmqdelay.core.publishing.publisher import PublisherCore
@@ -167,3 +168,16 @@ async def test_a_publish_beside_another_in_flight_is_not_in_turn() -> None:
     assert recorder.sent == []
     await linger.close()
     assert len(recorder.sent) == 1
+
+
+async def test_merged_writes_stay_under_the_byte_bound() -> None:
+    """Records keep their bodies: a big one's write is sent before the next joins it."""
+    recorder = Recorder()
+    linger = JournalLinger(60.0, recorder)
+    half = BYTES_PER_MERGED_WRITE // 2 + 1
+    big = dataclasses.replace(_write([1]), body=b"x" * half)  # as if it kept a body
+    first = linger.add(big)
+    second = linger.add(big)  # both together would pass the bound
+    await linger.close()
+    assert first.done() and second.done()
+    assert [len(batch[0].body) for batch in recorder.sent] == [half, half]
