@@ -148,7 +148,9 @@ class Session:
             await channel.set_qos(prefetch_count=consuming.prefetch)
             park_channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
             park_exchange = await park_channel.get_exchange(settings.layout.parking, ensure=False)
-            publisher = await AsyncPublisher(settings, connection=connection).connect()
+            # a retry's record goes at once: the message it settles waits unacked meanwhile
+            own = settings.replace(journal_linger=0)
+            publisher = await AsyncPublisher(own, connection=connection).connect()
             underlay = await channel.get_underlay_channel()
             acks = Acker(underlay)
             settler = Settler(publisher, park_exchange, settings.confirm_timeout, acks)
