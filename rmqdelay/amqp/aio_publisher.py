@@ -25,7 +25,7 @@ from ..core.publishing.outgoing import (
     Prepared,
     PublishResult,
     WithRecords,
-    merged_write,
+    lone_write,
 )
 from ..core.steps import (
     CheckExchange,
@@ -214,7 +214,7 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
             linger = self._journal_linger()
             if linger is not None and isinstance(batch, WithRecords) and len(batch.writes) == 1:
                 write = batch.write(0)
-                if merged_write([write]) is not None:  # not keyed: no marker awaited
+                if not lone_write(write):
                     written = linger.add(write)
                     with linger.publishing():
                         sent = await self._send(batch.messages)
@@ -230,7 +230,7 @@ class AsyncPublisher(PublisherSurface[AbstractConnection], AbstractAsyncPublishe
         return await journal_step_async(await self._live_connection(), step)
 
     def _journal_linger(self) -> JournalLinger | None:
-        if self._linger is None and self.settings.journal_linger and self.settings.schedule_journal:
+        if self._linger is None and self.settings.journal_linger:
             self._linger = JournalLinger(self.settings.journal_linger / 1000, self._send)
         return self._linger
 

@@ -117,7 +117,9 @@ class JournalLinger:
         self._sending: set[asyncio.Future[None]] = set()
 
     def add(self, write: Prepared) -> asyncio.Future[Outcome]:
-        """Queue ``write`` with the others pending; its outcome (an exception as a value)."""
+        """Queue ``write`` (not a :func:`~rmqdelay.core.publishing.outgoing.lone_write`)
+        with the others pending; its outcome (an exception as a value), to await shielded:
+        a cancelled caller's record still goes."""
         if (
             self._records + write.journal_records > RECORDS_PER_WRITE
             or self._bytes + len(write.body) > BYTES_PER_MERGED_WRITE
@@ -134,10 +136,6 @@ class JournalLinger:
         elif self._timer is None:
             self._timer = loop.call_later(self.linger_s, self.flush)
         return outcome
-
-    async def write(self, write: Prepared) -> Outcome:
-        """:meth:`add`, then wait: a cancelled caller's record still goes."""
-        return await asyncio.shield(self.add(write))
 
     @contextlib.contextmanager
     def publishing(self) -> Iterator[None]:
@@ -171,17 +169,16 @@ class JournalLinger:
     async def _send_merged(
         self, writes: list[Prepared], waiting: list[asyncio.Future[Outcome]]
     ) -> None:
-        merged = merged_write(writes)
-        outcomes: list[Outcome] = []
+        outcome: Outcome
         try:
-            outcomes = await self._send([merged] if merged is not None else writes)
+            [outcome] = await self._send([merged_write(writes)])
         except BaseException as exc:  # a bug of ours, or cancelled: never leave one waiting
-            outcomes = [exc]
+            outcome = exc
             raise
         finally:
-            for index, future in enumerate(waiting):
+            for future in waiting:
                 if not future.done():
-                    future.set_result(outcomes[0] if len(outcomes) == 1 else outcomes[index])
+                    future.set_result(outcome)
 
     async def close(self) -> None:
         """Send what is pending and wait until it is confirmed (or failed)."""

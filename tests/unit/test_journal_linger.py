@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rmqdelay import Settings
 from rmqdelay.amqp.aio_sending import BYTES_PER_MERGED_WRITE, JournalLinger
 from rmqdelay.core.journal.records import RECORDS_PER_WRITE, decode_records
-from rmqdelay.core.publishing.outgoing import Outcome, Prepared, merged_write
+from rmqdelay.core.publishing.outgoing import Outcome, Prepared, lone_write, merged_write
 from rmqdelay.core.publishing.publisher import PublisherCore
 from rmqdelay.errors import JournalError
 
@@ -44,7 +44,6 @@ def test_merged_writes_read_back_as_every_write_in_order(
 ) -> None:
     writes = [_write(sizes, "t-1" if tagged else None) for sizes, tagged in spec]
     merged = merged_write(writes)
-    assert merged is not None
     assert merged.journal_records == sum(w.journal_records for w in writes)
     assert decode_records(merged.body) == [r for w in writes for r in decode_records(w.body)]
     assert merged.message_id == writes[0].message_id  # one stream message, the first's id
@@ -55,8 +54,16 @@ def test_a_keyed_write_is_never_merged() -> None:
         [CORE._prepare_keyed("orders", b"abc", "1m", None, None, "k-1", "ignore")]
     )
     assert keyed.marker is not None
-    assert merged_write([keyed]) is None
-    assert merged_write([_write([1]), keyed]) is None
+    assert lone_write(keyed) and not lone_write(_write([1]))
+    with pytest.raises(ValueError, match="goes alone"):
+        merged_write([keyed])
+    with pytest.raises(ValueError, match="goes alone"):
+        merged_write([_write([1]), keyed])
+
+
+async def _written(linger: JournalLinger, write: Prepared) -> Outcome:
+    """As the publisher waits for a record: shielded, so a cancelled caller's still goes."""
+    return await asyncio.shield(linger.add(write))
 
 
 class Recorder:
@@ -76,7 +83,7 @@ async def test_writes_within_the_linger_go_as_one_and_each_gets_its_outcome() ->
     recorder = Recorder()
     linger = JournalLinger(0.05, recorder)
     writes = [_write([1]), _write([2, 3]), _write([4])]
-    outcomes: list[object] = list(await asyncio.gather(*(linger.write(w) for w in writes)))
+    outcomes: list[object] = list(await asyncio.gather(*(_written(linger, w) for w in writes)))
     assert len(recorder.sent) == 1 and len(recorder.sent[0]) == 1
     assert recorder.sent[0][0].journal_records == 4
     assert outcomes == [writes[0].message_id] * 3  # the merged write's outcome, for each
@@ -86,9 +93,9 @@ async def test_a_full_write_goes_at_once_and_never_over_the_records_per_write() 
     recorder = Recorder()
     linger = JournalLinger(60.0, recorder)  # only the count can send it
     big = _write([0] * (RECORDS_PER_WRITE - 1))
-    first = asyncio.ensure_future(linger.write(big))
-    second = asyncio.ensure_future(linger.write(_write([0, 0])))  # would overflow: alone
-    third = asyncio.ensure_future(linger.write(_write([0] * (RECORDS_PER_WRITE - 2))))  # fills
+    first = asyncio.ensure_future(_written(linger, big))
+    second = asyncio.ensure_future(_written(linger, _write([0, 0])))  # would overflow: alone
+    third = asyncio.ensure_future(_written(linger, _write([0] * (RECORDS_PER_WRITE - 2))))  # fills
     await asyncio.wait_for(asyncio.gather(first, second, third), 5)
     assert [[p.journal_records for p in batch] for batch in recorder.sent] == [
         [RECORDS_PER_WRITE - 1],
@@ -100,7 +107,7 @@ async def test_a_failed_write_fails_every_publish_it_recorded() -> None:
     refused = JournalError("a journal write was refused (test)")
     linger = JournalLinger(0.01, Recorder(refused))
     outcomes: list[object] = list(
-        await asyncio.gather(linger.write(_write([1])), linger.write(_write([2])))
+        await asyncio.gather(_written(linger, _write([1])), _written(linger, _write([2])))
     )
     assert outcomes == [refused, refused]
 
@@ -108,7 +115,7 @@ async def test_a_failed_write_fails_every_publish_it_recorded() -> None:
 async def test_close_sends_what_is_pending_and_waits_for_it() -> None:
     recorder = Recorder()
     linger = JournalLinger(60.0, recorder)
-    pending = asyncio.ensure_future(linger.write(_write([1])))
+    pending = asyncio.ensure_future(_written(linger, _write([1])))
     await asyncio.sleep(0)
     await linger.close()
     assert len(recorder.sent) == 1
@@ -118,7 +125,7 @@ async def test_close_sends_what_is_pending_and_waits_for_it() -> None:
 async def test_a_cancelled_publish_still_sends_its_record() -> None:
     recorder = Recorder()
     linger = JournalLinger(0.01, recorder)
-    waiting = asyncio.ensure_future(linger.write(_write([1])))
+    waiting = asyncio.ensure_future(_written(linger, _write([1])))
     await asyncio.sleep(0)
     waiting.cancel()
     await linger.close()
