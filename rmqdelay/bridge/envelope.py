@@ -19,6 +19,12 @@ bug (a string that is no integer, a bool, a table, a timestamp...) or cannot be 
 delay over ``max_delay``): never dropped, never delivered early. Delays between 2^32 - 1
 ms (about 49.7 days) and ``max_delay`` are held for their whole delay, where the plugin
 delivered them at once.
+
+AMQP 1.0 clients (RabbitMQ 4's own, and the Tanzu Delayed Queue's users) ask with the
+message annotations ``x-opt-delivery-delay`` (ms) and ``x-opt-delivery-time`` (Unix ms),
+which RabbitMQ hands a 0-9-1 consumer as headers of the same names: the bridge reads
+them as it reads ``x-delay``, rounding up, and with several takes the latest time
+(:func:`read_delay`).
 """
 
 from __future__ import annotations
@@ -27,10 +33,17 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from ..core.clock import datetime_of_us, timedelta_of_ms, us_of_ms
+from ..core.clock import (
+    datetime_of_us,
+    now_us,
+    seconds_of_datetime,
+    timedelta_of_ms,
+    us_of_ms,
+)
 from ..core.durations import format_ms
 from ..core.publishing.templates import new_message_id
 from ..core.wire import encode_properties
@@ -38,9 +51,12 @@ from ..errors import InvalidMessageError
 
 __all__ = [
     "CONTENT_TYPE",
+    "DELAY_HEADERS",
     "PLUGIN_MAX_DELAY_MS",
     "PROPERTY_NAMES",
     "X_DELAY",
+    "X_OPT_DELIVERY_DELAY",
+    "X_OPT_DELIVERY_TIME",
     "Carried",
     "Inbound",
     "Restored",
@@ -51,6 +67,11 @@ __all__ = [
 ]
 
 X_DELAY = "x-delay"
+X_OPT_DELIVERY_DELAY = "x-opt-delivery-delay"
+X_OPT_DELIVERY_TIME = "x-opt-delivery-time"
+DELAY_HEADERS = (X_OPT_DELIVERY_TIME, X_OPT_DELIVERY_DELAY, X_DELAY)
+"""What the bridge reads a due time from (an AMQP 1.0 client's message annotations
+reach it as headers of the same names) and takes off the delivered copy."""
 CONTENT_TYPE = "application/x-rmqdelay-bridge"
 """A bridged copy's: its body is the envelope, then the original body (:func:`wrap`)."""
 _MAGIC = b"rmqdb\x01"
@@ -98,50 +119,76 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def read_delay(headers: Mapping[str, Any] | None, max_delay_ms: int) -> Inbound:
-    """The delay an ``x-delay`` header asks for, the plugin's way where that was sane.
-
-    See the module docstring for what the plugin did and where the bridge differs.
-    """
-    if not headers or X_DELAY not in headers:
-        return Inbound(0)  # the plugin routed a message without x-delay at once
-    value = headers[X_DELAY]
-    ms: int | None = None
+def _milliseconds(name: str, value: object, *, up: bool) -> int | str:
+    """A header's whole number of milliseconds, or why it is none. ``up``: a fraction
+    rounds up (never early); ``x-delay`` truncates it, as the plugin did."""
     if isinstance(value, bool):
         pass
     elif isinstance(value, int):
-        ms = value
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            return Inbound(None, f"x-delay {value!r} is not a finite number of milliseconds")
-        ms = math.trunc(value)
-    elif isinstance(value, Decimal):
-        if not value.is_finite():
-            return Inbound(None, f"x-delay {value} is not a finite number of milliseconds")
-        ms = math.trunc(value)
+        return value
+    elif isinstance(value, (float, Decimal)):
+        if not (math.isfinite(value) if isinstance(value, float) else value.is_finite()):
+            return f"{name} {value} is not a finite number of milliseconds"
+        return math.ceil(value) if up else math.trunc(value)
     elif isinstance(value, (str, bytes, bytearray)):
         text = value if isinstance(value, str) else bytes(value).decode("ascii", "replace")
-        if not _INTEGER.fullmatch(text):
+        if _INTEGER.fullmatch(text):
+            return int(text)
+        plugin = " (the plugin refused such a message)" if name == X_DELAY else ""
+        return f"{name} {_shown(value)} is not a whole number of milliseconds{plugin}"
+    return f"{name} {_shown(value)} ({type(value).__name__}) is not a number of milliseconds"
+
+
+def _due_in(value: object, received_us: int) -> int | str:
+    """``x-opt-delivery-time`` as milliseconds from ``received_us``, rounded up: Unix ms,
+    or a timestamp. An AMQP 1.0 timestamp reaches 0-9-1 in whole seconds (RabbitMQ's
+    ``mc_amqpl`` drops the milliseconds), so a timestamp is taken at the end of its
+    second: up to 999 ms late, never early."""
+    if isinstance(value, datetime):
+        at_ms: int | str = seconds_of_datetime(value) * 1000 + 999
+    else:
+        at_ms = _milliseconds(X_OPT_DELIVERY_TIME, value, up=True)
+    if isinstance(at_ms, str):
+        return at_ms
+    return -((received_us - us_of_ms(at_ms)) // 1000)
+
+
+def read_delay(
+    headers: Mapping[str, Any] | None, max_delay_ms: int, received_us: int | None = None
+) -> Inbound:
+    """The delay a message's headers ask for, from ``received_us`` (now if None).
+
+    ``x-delay`` the plugin's way where that was sane (see the module docstring);
+    ``x-opt-delivery-delay`` (ms) and ``x-opt-delivery-time`` (Unix ms), the AMQP 1.0
+    annotations, the same way but rounded up. With several, the latest time they name:
+    the message is early for none of them. One that cannot be read, or asks for more
+    than ``max_delay``, parks the message with the reason, naming the header.
+    """
+    if not headers:
+        return Inbound(0)  # the plugin routed a message without x-delay at once
+    delays = []
+    for name in DELAY_HEADERS:
+        if name not in headers:
+            continue
+        value = headers[name]
+        timed = name == X_OPT_DELIVERY_TIME
+        if timed:
+            ms = _due_in(value, now_us() if received_us is None else received_us)
+        else:
+            ms = _milliseconds(name, value, up=name != X_DELAY)
+        if isinstance(ms, str):
+            return Inbound(None, ms)
+        if ms > max_delay_ms:
+            asked = f"{ms} ms ({format_ms(ms)})"
+            if timed:
+                asked = f"{_shown(value)} ({format_ms(ms)} away)"
             return Inbound(
                 None,
-                f"x-delay {_shown(value)} is not a whole number of milliseconds "
-                "(the plugin refused such a message)",
+                f"{name} {asked} is over max_delay {format_ms(max_delay_ms)}: "
+                "raise max_delay in the bridge's settings",
             )
-        ms = int(text)
-    if ms is None:
-        return Inbound(
-            None,
-            f"x-delay {_shown(value)} ({type(value).__name__}) is not a number of milliseconds",
-        )
-    if ms <= 0:
-        return Inbound(0)  # the plugin routed these at once, and so do we
-    if ms > max_delay_ms:
-        return Inbound(
-            None,
-            f"x-delay {ms} ms ({format_ms(ms)}) is over max_delay "
-            f"{format_ms(max_delay_ms)}: raise max_delay in the bridge's settings",
-        )
-    return Inbound(ms)
+        delays.append(ms)
+    return Inbound(max([0, *delays]))  # 0 or less, or none: at once, as the plugin did
 
 
 # --------------------------------------------------------------------------- envelope
@@ -177,7 +224,7 @@ def wrap(
     a value AMQP cannot carry (none that a broker delivered).
     """
     headers = properties.get("headers") or {}
-    kept = {k: v for k, v in headers.items() if k != X_DELAY}
+    kept = {k: v for k, v in headers.items() if k not in DELAY_HEADERS}
     props: dict[str, Any] = {
         k: properties[k] for k in PROPERTY_NAMES if properties.get(k) is not None
     }
@@ -277,7 +324,7 @@ def carry(
     given = properties.get("message_id")
     message_id = given if isinstance(given, str) and given else new_message_id()
     if inbound is None:
-        inbound = read_delay(properties.get("headers"), max_delay_ms)
+        inbound = read_delay(properties.get("headers"), max_delay_ms, received_us)
     try:
         wrapped = wrap(exchange, routing_key, properties, message_id, body)
     except InvalidMessageError as exc:

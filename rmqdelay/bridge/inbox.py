@@ -232,7 +232,7 @@ class InboxCarrier:
         body: bytes,
     ) -> None:
         received = now_us()
-        inbound = read_delay(props.headers, self.settings.layout.max_delay_ms)
+        inbound = read_delay(props.headers, self.settings.layout.max_delay_ms, received)
         self._pending.append((method, props, body, received, inbound))
         delay_ms = inbound.delay_ms
         linger = LINGER_US if delay_ms is None else min(LINGER_US, us_of_ms(delay_ms) - MARGIN_US)

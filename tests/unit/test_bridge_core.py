@@ -5,7 +5,7 @@ envelope that carries a message's routing key, properties and headers through th
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
@@ -19,9 +19,12 @@ from rmqdelay import ConfigurationError, InvalidDestinationError, Settings
 from rmqdelay.amqp.aio_sending import EncodedProperties
 from rmqdelay.bridge.envelope import (
     CONTENT_TYPE,
+    DELAY_HEADERS,
     PLUGIN_MAX_DELAY_MS,
     PROPERTY_NAMES,
     X_DELAY,
+    X_OPT_DELIVERY_DELAY,
+    X_OPT_DELIVERY_TIME,
     Inbound,
     carry,
     read_delay,
@@ -118,6 +121,89 @@ def test_an_integer_delay_is_held_exactly_parked_only_past_max_delay(ms: int) ->
 @given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e9))
 def test_a_float_delay_is_truncated(value: float) -> None:
     assert delay(value) == Inbound(max(0, math.trunc(value)))
+
+
+# ---------------------------------------------------------------- AMQP 1.0 annotations
+
+RECEIVED_US = 1_800_000_000_000_000  # a delivery's arrival, on a whole millisecond
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def at(ms_after: int, us: int = 0) -> dict[str, object]:
+    """An ``x-opt-delivery-time`` so many ms (and µs) after RECEIVED_US, in Unix ms."""
+    return {X_OPT_DELIVERY_TIME: (RECEIVED_US + ms_after * 1000 + us) // 1000}
+
+
+@pytest.mark.parametrize(
+    ("headers", "ms"),
+    [
+        ({X_OPT_DELIVERY_DELAY: 1500}, 1500),
+        ({X_OPT_DELIVERY_DELAY: 1500.2}, 1501),  # rounded up, never early (x-delay truncates)
+        ({X_OPT_DELIVERY_DELAY: Decimal("0.1")}, 1),
+        ({X_OPT_DELIVERY_DELAY: "2000"}, 2000),
+        ({X_OPT_DELIVERY_DELAY: -5}, 0),
+        (at(2500), 2500),
+        (at(-2500), 0),  # a time in the past: at once
+        (at(0), 0),
+        ({X_OPT_DELIVERY_TIME: float((RECEIVED_US + 1_000_400) / 1000)}, 1001),
+        ({X_OPT_DELIVERY_TIME: str((RECEIVED_US // 1000) + 30)}, 30),
+        # several: the latest of their times, so the message is early for none of them
+        ({X_DELAY: 1000, X_OPT_DELIVERY_DELAY: 3000, **at(2000)}, 3000),
+        ({X_DELAY: 4000, X_OPT_DELIVERY_DELAY: 3000, **at(2000)}, 4000),
+        ({X_DELAY: 1000, X_OPT_DELIVERY_DELAY: 0, **at(5000)}, 5000),
+        ({X_DELAY: -1, **at(-9000)}, 0),
+    ],
+)
+def test_the_amqp_1_0_annotations_ask_as_x_delay_does(headers: dict[str, Any], ms: int) -> None:
+    assert read_delay(headers, MAX, RECEIVED_US) == Inbound(ms)
+
+
+def test_an_amqp_timestamp_is_taken_at_the_end_of_its_second() -> None:
+    """RabbitMQ hands an AMQP 1.0 timestamp to 0-9-1 in whole seconds (the ms dropped):
+    the bridge cannot know them, so it takes the last one (late by < 1 s, never early)."""
+    second = datetime.fromtimestamp(RECEIVED_US // 1_000_000 + 3, tz=timezone.utc)
+    assert read_delay({X_OPT_DELIVERY_TIME: second}, MAX, RECEIVED_US) == Inbound(3999)
+    naive = second.replace(tzinfo=None)  # a naive one is UTC, as the AMQP libraries mean it
+    assert read_delay({X_OPT_DELIVERY_TIME: naive}, MAX, RECEIVED_US) == Inbound(3999)
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        ({X_OPT_DELIVERY_DELAY: "soon"}, "x-opt-delivery-delay 'soon' is not a whole number"),
+        ({X_OPT_DELIVERY_DELAY: True}, "x-opt-delivery-delay True (bool) is not a number"),
+        ({X_OPT_DELIVERY_DELAY: math.nan}, "x-opt-delivery-delay nan is not a finite"),
+        ({X_OPT_DELIVERY_TIME: "tomorrow"}, "x-opt-delivery-time 'tomorrow' is not a whole"),
+        ({X_OPT_DELIVERY_TIME: {"a": 1}}, "x-opt-delivery-time {'a': 1} (dict) is not a number"),
+        ({X_OPT_DELIVERY_DELAY: MAX + 1}, "x-opt-delivery-delay 31622400001 ms (366d1ms) is over"),
+        ({**at(MAX + 1)}, "(366d1ms away) is over max_delay 366d"),
+        # one that cannot be read parks the message, whatever the others ask
+        ({X_DELAY: 5, X_OPT_DELIVERY_DELAY: "x"}, "x-opt-delivery-delay 'x' is not"),
+        ({X_DELAY: "5s", **at(10)}, "x-delay '5s' is not a whole number"),
+    ],
+)
+def test_annotations_that_cannot_be_held_are_parked_naming_the_header(
+    headers: dict[str, Any], words: str
+) -> None:
+    inbound = read_delay(headers, MAX, RECEIVED_US)
+    assert inbound.parked
+    assert words in inbound.reason, inbound.reason
+
+
+@given(st.integers(min_value=0, max_value=10**17), st.integers(min_value=-(10**9), max_value=MAX))
+def test_a_delivery_time_is_never_early_and_late_by_under_a_millisecond(
+    received_us: int, ahead_ms: int
+) -> None:
+    """Through carry(): the due time stage 1 asks the tiers for, counted from the arrival."""
+    time_us = (received_us // 1000 + ahead_ms) * 1000
+    headers = {X_OPT_DELIVERY_TIME: time_us // 1000}
+    carried = carry("b.ex", MAX, "ex", "k", {"headers": headers}, b"", received_us=received_us)
+    assert carried.request is not None
+    due_us = (carried.request["at"] - EPOCH) // timedelta(microseconds=1)
+    if ahead_ms > 0:
+        assert time_us <= due_us < time_us + 1000
+    else:
+        assert due_us == received_us  # at once
 
 
 # ---------------------------------------------------------------- names
@@ -267,8 +353,10 @@ FULL = {
 PAMQP_NAMES = {"type": "message_type"}
 
 
-def test_the_envelope_keeps_every_property_and_header_but_x_delay() -> None:
-    headers = {X_DELAY: 5000, "tenant": "a", "n": -3, "nested": {"k": [1, "two"]}, "raw": b"\x00"}
+def test_the_envelope_keeps_every_property_and_header_but_the_delays() -> None:
+    """A delivered copy keeps no delay: sent on to another bridge, it would wait again."""
+    kept = {"tenant": "a", "n": -3, "nested": {"k": [1, "two"]}, "raw": b"\x00"}
+    headers = {X_DELAY: 5000, X_OPT_DELIVERY_DELAY: 5, X_OPT_DELIVERY_TIME: 1, **kept}
     body = b"\x00the body\xff"
     wrapped = wrap("orders", "eu.new", {**FULL, "headers": headers}, "id-1", body)
     restored = unwrap(wrapped, "id-1")
@@ -280,7 +368,7 @@ def test_the_envelope_keeps_every_property_and_header_but_x_delay() -> None:
         if name == "timestamp":
             got = got.replace(tzinfo=timezone.utc)
         assert got == value, name
-    assert props.headers == {"tenant": "a", "n": -3, "nested": {"k": [1, "two"]}, "raw": b"\x00"}
+    assert props.headers == kept
 
 
 def test_absent_properties_stay_absent_and_the_copy_gets_the_bridges_id() -> None:
@@ -314,7 +402,7 @@ def test_headers_routing_keys_and_bodies_come_back_as_they_went(
 ) -> None:
     restored = unwrap(wrap("ex", routing_key, {"headers": headers}, "id", body), "id")
     assert (restored.routing_key, restored.body) == (routing_key, body)
-    expected = {k: v for k, v in headers.items() if k != X_DELAY}
+    expected = {k: v for k, v in headers.items() if k not in DELAY_HEADERS}
     got = decoded(restored.properties).headers or {}
     assert {k: bytes(v) if isinstance(v, bytearray) else v for k, v in got.items()} == expected
 
