@@ -35,6 +35,7 @@ from .generations import Generation, Loser, Move, book_entries, restore_entry
 from .records import CANCEL_MARGIN_MS, JournalRecord
 
 __all__ = [
+    "RECURRING_KEY_PREFIX",
     "UNRECORDED_GRACE_MS",
     "Action",
     "KeyBook",
@@ -54,9 +55,13 @@ KeyedOutcome = Literal["scheduled", "ignored", "replaced"]
 KeyStatus = Literal["scheduled", "due", "handled", "cancelled", "ignored", "replaced", "unknown"]
 
 
+RECURRING_KEY_PREFIX = "recurring:"
+"""What every key of a recurring schedule's occurrence starts with."""
+
+
 def recurring_key(name: str, occurrence_ms: int) -> str:
     """The key of one occurrence of a recurring schedule: taken by the first publish."""
-    return f"recurring:{name}@{occurrence_ms}"
+    return f"{RECURRING_KEY_PREFIX}{name}@{occurrence_ms}"
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from ..failures import journal_missing, journal_off
 from ..layout import Layout
 from ..steps import Flow, run_flow
 from .checkpoint import (
+    COPIES,
     COPIES_AND_BODIES,
     CORE,
     GENESIS,
@@ -379,22 +380,24 @@ def load(
     layout: Layout,
     *,
     copies: bool = False,
+    bodies: bool = True,
     timeout: float,
     clock: Clock,
     progress: Callable[[int], None] | None = None,
     wants: Callable[[bytes], bool] | None = None,
 ) -> JournalFlow[Loaded]:
-    """The journal folded: the latest checkpoint's core (its copies and bodies too with
-    ``copies``), then the tail after it (its lines ``wants`` says yes to, markers
-    among them; all by default). Without ``copies`` the state holds the tail's copies
-    alone (:attr:`~.view.ScheduleView.loaded`): :func:`load_ids` adds some."""
+    """The journal folded: the latest checkpoint's core (its copies too with ``copies``,
+    and their bodies unless not ``bodies``), then the tail after it (its lines ``wants``
+    says yes to, markers among them; all by default). Without ``copies`` the state holds
+    the tail's copies alone (:attr:`~.view.ScheduleView.loaded`): :func:`load_ids` adds
+    some."""
     require_journal(layout, "reading the schedule")
     found = yield from latest(layout, timeout)
     mark = found if isinstance(found, Mark) else None
     pointer = mark.latest if mark is not None else GENESIS
     state = JournalState()
     if pointer.complete:
-        sections = SECTIONS if copies else CORE
+        sections = (SECTIONS if bodies else (*CORE, *COPIES)) if copies else CORE
         restorer = Restorer(state, ids=None if copies else ())
         yield from read_sections(layout, pointer, restorer.take, sections, timeout=timeout)
         if copies:

@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ...errors import RecurringError
 from ..durations import DurationLike, format_ms, parse_duration_us
+from .keys import recurring_key
 
 __all__ = [
     "CHAIN",
@@ -85,7 +86,7 @@ def validate_name(name: object) -> str:
 
 def occurrence_key(name: str, at_ms: int) -> str:
     """The key of one occurrence: the first publish of it wins, later ones are ignored."""
-    return f"recurring:{name}@{at_ms}"
+    return recurring_key(name, at_ms)
 
 
 def new_chain(now_ms: int) -> str:

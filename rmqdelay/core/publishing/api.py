@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from typing_extensions import Self, Unpack
 
 from ..durations import DurationLike
+from ..journal.purge import PurgeResult
 from ..journal.records import JournalRecord
 from ..journal.recurring import RecurringResult, RecurringSchedule
 from ..journal.reschedule import RescheduleResult
@@ -93,6 +94,28 @@ class AbstractPublisher(ABC):
         key is free again); those results come after the ids', each naming its key.
         """
         return self._run(self.core.cancel(message_ids, keys))
+
+    def cancel_matching(
+        self,
+        *,
+        destination: str | None = None,
+        due_before: datetime | None = None,
+        due_after: datetime | None = None,
+        headers: Mapping[str, str] | None = None,
+        key_prefix: str | None = None,
+        dry_run: bool = False,
+        confirm: Callable[[PurgeResult], bool] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> PurgeResult:
+        """Selective purge: cancel every scheduled message the filters select (all of
+        them must match; at least one is needed). A message is selected when a copy of
+        it still ahead matches, and is cancelled whole, every copy; occurrences of
+        recurring schedules are counted and left alone. ``headers``: each present with
+        this value, compared as text. One read of the journal: ``confirm``, if given,
+        sees the count first and writes nothing when it says False; ``dry_run`` only
+        counts. ``progress`` as for :meth:`list_scheduled`."""
+        selection = self.core.selection(destination, due_before, due_after, headers, key_prefix)
+        return self._run(self.core.cancel_matching(selection, dry_run, confirm, progress))
 
     def reschedule(
         self, id_or_key: str, *, delay: DurationLike | None = None, at: datetime | None = None

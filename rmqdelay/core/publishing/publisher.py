@@ -29,6 +29,7 @@ from ..journal import reading as journal_reading
 from ..journal import recurring_flows
 from ..journal.checkpoint import Mark
 from ..journal.key_flows import key_answer, read_back
+from ..journal.purge import PurgeResult, Selection, purge
 from ..journal.records import JournalRecord
 from ..journal.recurring import RecurringResult, RecurringSchedule
 from ..journal.reschedule import RescheduleResult, plan_reschedule
@@ -279,6 +280,47 @@ class PublisherCore(Sending):
             keys = (keys,)  # keys="order-42" means that key, not its letters
         return journal_flows.cancel(
             self.layout, message_ids, keys=keys, timeout=self.timeout, clock=self.now_ms
+        )
+
+    @staticmethod
+    def selection(
+        destination: str | None,
+        due_before: datetime | None,
+        due_after: datetime | None,
+        headers: Mapping[str, str] | None,
+        key_prefix: str | None,
+    ) -> Selection:
+        """What ``cancel_matching``'s filters select; ValueError without any."""
+        selection = Selection(
+            destination,
+            None if due_before is None else ms_of_datetime(due_before),
+            None if due_after is None else ms_of_datetime(due_after),
+            {str(k): str(v) for k, v in (headers or {}).items()},
+            key_prefix,
+        )
+        if selection.empty:
+            raise ValueError(
+                "cancel_matching needs a filter (destination, due_before, due_after, "
+                "headers or key_prefix): it would cancel everything scheduled"
+            )
+        return selection
+
+    def cancel_matching(
+        self,
+        selection: Selection,
+        dry_run: bool,
+        confirm: Callable[[PurgeResult], bool] | None,
+        progress: Callable[[int], None] | None,
+    ) -> Flow[PurgeResult]:
+        """The flow of ``cancel_matching`` (:func:`.journal.purge.purge`)."""
+        return purge(
+            self.layout,
+            selection,
+            dry_run=dry_run,
+            confirm=confirm,
+            timeout=self.timeout,
+            progress=progress,
+            clock=self.now_ms,
         )
 
     def list_scheduled(
