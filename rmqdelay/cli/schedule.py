@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.exceptions import Exit
@@ -35,6 +35,9 @@ from .output import err, out, print_json
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
+
+    from ..core.journal.purge import PurgeResult
+    from ..settings import Settings
 
 __all__ = ["cancel_command", "reschedule_command", "scheduled_app"]
 
@@ -248,34 +251,78 @@ class _ReadProgress:
         "is cancelled (one id can wait as several copies: a publish sent again after its "
         "confirm failed, a retry); 'too late' means every copy is due already. Exits 0 "
         "only when every id was cancelled. --key cancels a key's current message (the key "
-        "is then free for the next publish).",
+        "is then free for the next publish). Filters instead of ids (a selective purge): "
+        "every message with a copy still ahead matching all of them is cancelled whole; "
+        "--dry-run counts first, and more than one asks for confirmation (--yes, or "
+        "refused when nobody can answer). Occurrences of recurring schedules are left "
+        "alone (`rmqdelay recurring remove`).",
         "rmqdelay cancel 3f2b... 9c1d... --json",
         "rmqdelay cancel --key order-42",
+        "rmqdelay cancel --destination orders --header tenant=acme --dry-run",
+        "rmqdelay cancel --key-prefix cart- --due-after 2h --yes --json",
     ),
 )
 @argument("message_ids", nargs=-1, required=False, help="Message ids to cancel.")
 @click.option("--key", multiple=True, metavar="KEY", help="A key to cancel; repeat.")
+@click.option("-d", "--destination", metavar="DESTINATION", help="Filter: this destination.")
+@click.option("--due-before", metavar="TIME", help="Filter: due before: ISO 8601, or 10m from now.")
+@click.option("--due-after", metavar="TIME", help="Filter: due after: ISO 8601, or 10m from now.")
+@click.option(
+    "--header",
+    "header",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Filter: this header with this value (compared as text); repeat.",
+)
+@click.option("--key-prefix", metavar="PREFIX", help="Filter: keyed messages whose key starts so.")
+@click.option("--dry-run", is_flag=True, help="Count what the filters select; cancel nothing.")
+@click.option("--yes", is_flag=True, help="Cancel what the filters select without asking.")
 @json_option(lines=True)
 @broker_options
 @friendly_errors
 def cancel_command(
     message_ids: tuple[str, ...],
     key: tuple[str, ...],
+    destination: str | None,
+    due_before: str | None,
+    due_after: str | None,
+    header: tuple[str, ...],
+    key_prefix: str | None,
+    dry_run: bool,
+    yes: bool,
     as_json: bool,
     url: tuple[str, ...],
     prefix: str | None,
     config: Path | None,
 ) -> None:
-    """Cancel scheduled messages: say for each id cancelled, unknown, or too late."""
+    """Cancel scheduled messages: by id or key (each answered), or by filter."""
     from rich.markup import escape
 
     from ..amqp.publisher import Publisher
     from ..core.journal.reading import require_journal
 
-    if not message_ids and not key:
-        raise usage_error("give message ids to cancel, or --key KEY")
+    filters = {
+        "destination": destination,
+        "due_before": time_value(due_before, "--due-before", or_duration=True),
+        "due_after": time_value(due_after, "--due-after", or_duration=True),
+        "headers": dict(_header(h) for h in header),
+        "key_prefix": key_prefix,
+    }
+    filtered = any(v is not None and v != {} for v in filters.values())
+    if filtered and (message_ids or key):
+        raise usage_error("give message ids or --key, or filters, not both")
+    if not filtered and (dry_run or yes):
+        raise usage_error("--dry-run and --yes go with filters (--destination, --due-before, ...)")
+    if not message_ids and not key and not filtered:
+        raise usage_error(
+            "give message ids to cancel, --key KEY, or filters: --destination, --due-before, "
+            "--due-after, --header NAME=VALUE, --key-prefix"
+        )
     settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`cancel`")
+    if filtered:
+        _cancel_matching(settings, filters, dry_run=dry_run, yes=yes, as_json=as_json)
+        return
     with Publisher(settings) as publisher:
         results = publisher.cancel(*message_ids, keys=key)
     for result in results:
@@ -284,6 +331,53 @@ def cancel_command(
         else:
             out(emoji=False).print(escape(result.describe()), highlight=False)
     if any(r.outcome != "cancelled" for r in results):
+        raise Exit(1)
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, equals, value = text.partition("=")
+    if not equals or not name:
+        raise usage_error(f"--header {text!r}: write it NAME=VALUE, e.g. --header tenant=acme")
+    return name, value
+
+
+def _cancel_matching(
+    settings: Settings, filters: dict[str, Any], *, dry_run: bool, yes: bool, as_json: bool
+) -> None:
+    """A selective purge: the count first, asked when more than one and not --yes."""
+    from rich.markup import escape
+
+    from ..amqp.publisher import Publisher
+
+    asked = sys.stdin.isatty() and not as_json
+
+    def confirm(found: PurgeResult) -> bool:
+        if yes or found.messages <= 1:
+            return True
+        if not asked:
+            return False
+        progress.close()
+        err().print(escape(found.describe()), highlight=False)
+        return click.confirm(f"Cancel these {found.messages:,} messages?", err=True)
+
+    progress = _ReadProgress(shown=not as_json)
+    try:
+        with Publisher(settings) as publisher:
+            result = publisher.cancel_matching(
+                **filters, dry_run=dry_run, confirm=confirm, progress=progress
+            )
+    finally:
+        progress.close()
+    if as_json:
+        print_json(result.to_json())
+    else:
+        out(emoji=False).print(escape(result.describe()), highlight=False)
+    if not result.confirmed:
+        if not asked:
+            err().print(
+                "nothing cancelled: add --yes to cancel them (--dry-run counts only)",
+                highlight=False,
+            )
         raise Exit(1)
 
 

@@ -76,7 +76,12 @@ def test_the_count_comes_first_and_is_what_is_cancelled() -> None:
     for n in range(5):
         stub.publish("orders", b"", delay=f"{n + 1}m", message_id=f"m{n}")
     seen: list[PurgeResult] = []
-    refused = stub.cancel_matching(destination="orders", confirm=lambda r: seen.append(r) or False)
+
+    def no(found: PurgeResult) -> bool:
+        seen.append(found)
+        return False
+
+    refused = stub.cancel_matching(destination="orders", confirm=no)
     assert not refused.confirmed and refused.cancelled == 0 and seen[0].messages == 5
     assert len(pending_ids(stub)) == 5
     done = stub.cancel_matching(destination="orders", confirm=lambda r: r.messages == 5)
