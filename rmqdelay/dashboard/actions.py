@@ -15,11 +15,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from ..core.clock import iso_of_ms, now_ms
+from ..core.clock import datetime_of_ms, iso_of_ms, now_ms
 from ..core.journal.recurring import RecurringResult
 from ..settings import Settings
 
-__all__ = ["Job", "Jobs", "Outcome", "cancel", "reschedule", "switch_recurring", "which"]
+__all__ = [
+    "Job",
+    "Jobs",
+    "Outcome",
+    "cancel",
+    "cancel_matching",
+    "reschedule",
+    "switch_recurring",
+    "which",
+]
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,9 @@ class Outcome:
     ok: bool
     text: str
     data: dict[str, Any] = field(default_factory=dict)
+    form: dict[str, str] | None = None
+    """What the page offers next: these fields posted again to the same action (a
+    count's confirmation), with the button ``form["button"]``."""
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "text": self.text, **self.data}
@@ -39,6 +51,68 @@ def cancel(settings: Settings, message_id: str) -> Outcome:
     with Publisher(settings) as publisher:
         (result,) = publisher.cancel(message_id)
     return Outcome(result.outcome == "cancelled", result.describe(), result.to_json())
+
+
+def cancel_matching(settings: Settings, fields: dict[str, str], expected: int | None) -> Outcome:
+    """``rmqdelay cancel`` by filter: counted first (``expected`` None), with a form to
+    confirm; then cancelled, unless more match now than the count shown."""
+    from ..amqp.publisher import Publisher
+
+    filters = filters_of(fields)
+    with Publisher(settings) as publisher:
+        result = publisher.cancel_matching(
+            **filters,
+            dry_run=expected is None,
+            confirm=lambda found: expected is not None and found.messages <= expected,
+        )
+    data = result.to_json()
+    if expected is None:
+        if not result.messages:
+            return Outcome(True, result.describe(), data)
+        times = {k: v.isoformat() for k in ("due_before", "due_after") if (v := filters[k])}
+        # the times as counted: "2h" again at the confirmation would be another time
+        again = {**fields, **times, "expected": str(result.messages)}
+        button = f"Cancel these {result.messages:,} messages"
+        return Outcome(True, result.describe(), data, {**again, "button": button})
+    if not result.confirmed:
+        text = (
+            f"{result.messages:,} messages match now, more than the {expected:,} counted: "
+            "nothing cancelled; count again"
+        )
+        return Outcome(False, text, data)
+    return Outcome(True, result.describe(), data)
+
+
+FILTERS = ("destination", "due_before", "due_after", "headers", "key_prefix")
+"""The fields of the *Cancel matching* form, as ``rmqdelay cancel`` names its filters."""
+
+
+def filters_of(fields: dict[str, str]) -> dict[str, Any]:
+    """``cancel_matching``'s filters from the form: times as ``--due-before`` reads
+    them, headers one ``NAME=VALUE`` a line; ValueError naming the field."""
+    from .pages import time_ms
+
+    def text(name: str) -> str | None:
+        return fields.get(name, "").strip() or None
+
+    headers = {}
+    for line in (fields.get("headers") or "").splitlines():
+        if line.strip():
+            name, equals, value = line.strip().partition("=")
+            if not equals or not name:
+                raise ValueError(f"headers: write each NAME=VALUE, got {line.strip()!r}")
+            headers[name] = value
+    before, after = (
+        time_ms(text("due_before"), "due_before"),
+        time_ms(text("due_after"), "due_after"),
+    )
+    return {
+        "destination": text("destination"),
+        "due_before": None if before is None else datetime_of_ms(before),
+        "due_after": None if after is None else datetime_of_ms(after),
+        "headers": headers,
+        "key_prefix": fields.get("key_prefix") or None,
+    }
 
 
 def reschedule(settings: Settings, message_id: str, at: datetime | None) -> Outcome:

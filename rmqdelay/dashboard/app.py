@@ -185,6 +185,15 @@ class Dashboard(Web):
 
         return await self.act(request, work, f"/scheduled/{message_id}")
 
+    async def cancel_matching(self, request: Request) -> Response:
+        async def work(form: Any) -> Outcome:
+            fields = {k: str(form.get(k, "")) for k in actions.FILTERS}
+            expected = str(form.get("expected", "")).strip()
+            count = int(expected) if expected.isdigit() else None
+            return await run_in_threadpool(actions.cancel_matching, self.settings, fields, count)
+
+        return await self.act(request, work, "/scheduled")
+
     async def reschedule(self, request: Request) -> Response:
         message_id = request.path_params["message_id"]
 
@@ -333,6 +342,7 @@ class Dashboard(Web):
             if not path.endswith("/panel"):
                 routes.append(Route(api, endpoint, methods=["GET"]))
         post: list[tuple[str, Callable[[Request], Awaitable[Response]]]] = [
+            ("/cancel-matching", self.cancel_matching),
             ("/scheduled/{message_id:path}/cancel", self.cancel),
             ("/scheduled/{message_id:path}/reschedule", self.reschedule),
             ("/parked/replay", self.replay),

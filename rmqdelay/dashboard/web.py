@@ -157,8 +157,18 @@ class Web:
     ) -> Response:
         if request.url.path.startswith("/api/"):
             return self.answer(outcome.to_json(), code)
-        ok, text = outcome.ok, outcome.text
-        return self.render(request, "result.html", code, ok=ok, text=text, back=back, title=title)
+        ok, text, form = outcome.ok, outcome.text, outcome.form
+        return self.render(
+            request,
+            "result.html",
+            code,
+            ok=ok,
+            text=text,
+            back=back,
+            title=title,
+            form=form,
+            action=request.url.path,
+        )
 
     def _error(self, request: Request, text: str, code: int) -> Response:
         if request.url.path.startswith("/api/"):

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import pty
+import re
 import subprocess
 import time
 from typing import Any
@@ -123,3 +124,47 @@ async def test_a_purge_stops_a_message_in_its_retry_wait(shared_topology: TestTo
         assert (result.messages, result.cancelled) == (1, 1)
         await asyncio.sleep(max(0.0, waiting[0].due_at_ms / 1000 - time.time()) + 1.5)
     assert attempts == [1]
+
+
+def test_the_dashboard_counts_first_and_cancels_no_more_than_it_counted(
+    shared_topology: TestTopology,
+) -> None:
+    from starlette.testclient import TestClient
+
+    from rmqdelay.dashboard.app import create_app
+
+    dest = shared_topology.dest("dash")
+    settings = shared_topology.settings([dest], dashboard_state=":memory:")
+    acme = {"tenant": "acme"}
+    with Publisher(settings) as publisher:
+        for n in range(3):
+            publisher.publish(dest, b"", delay=f"{n + 1}m", message_id=f"a{n}", headers=acme)
+        publisher.publish(dest, b"", delay="1m", message_id="kept", headers={"tenant": "x"})
+    with TestClient(create_app(settings)) as client:
+        page = client.get("/scheduled")
+        assert 'action="/cancel-matching"' in page.text
+        token = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+        assert token is not None
+        asked = {"destination": dest, "headers": "tenant=acme", "due_before": "2h"}
+        counted = client.post("/cancel-matching", data={"csrf_token": token[1], **asked})
+        assert counted.status_code == 200, counted.text
+        assert "would cancel 3 message(s)" in counted.text
+        fields = dict(re.findall(r'type="hidden" name="([^"]+)" value="([^"]*)"', counted.text))
+        assert fields["expected"] == "3" and fields["due_before"].endswith("+00:00")
+        assert "Cancel these 3 messages" in counted.text
+        with Publisher(settings) as publisher:  # one more matches before the confirmation
+            publisher.publish(dest, b"", delay="5m", message_id="late", headers=acme)
+        more = client.post("/cancel-matching", data=fields)
+        assert more.status_code == 200 and "4 messages match now, more than the 3" in more.text
+        api = client.post(
+            "/api/cancel-matching",
+            data={**asked, "expected": "4"},
+            headers={"x-csrf-token": token[1]},
+        )
+        assert api.status_code == 200 and api.json()["cancelled"] == 4, api.text
+        bad = client.post(
+            "/api/cancel-matching", data={"headers": "tenant"}, headers={"x-csrf-token": token[1]}
+        )
+        assert bad.status_code == 400 and "NAME=VALUE" in bad.json()["text"]
+    with Publisher(settings) as publisher:
+        assert ids(publisher, dest) == ["kept"]
