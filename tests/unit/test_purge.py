@@ -4,6 +4,7 @@ same flows as the real ones; tests/broker/test_purge.py runs them on a broker)."
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from rmqdelay import Settings
 from rmqdelay.core.journal.purge import PurgeResult, Selection
-from rmqdelay.core.journal.records import JournalRecord
+from rmqdelay.core.journal.records import JournalRecord, encode_record
 from rmqdelay.testing import AsyncInMemoryPublisher, InMemoryPublisher
 
 
@@ -158,3 +159,48 @@ def test_a_selection_matches_when_every_filter_given_does(
         key_prefix is None or (record.key is not None and record.key.startswith(key_prefix)),
     ]
     assert selection.matches(record) == all(each)
+
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=6)
+
+
+@settings(max_examples=500)
+@given(
+    st.builds(
+        JournalRecord,
+        kind=st.just("scheduled"),
+        message_id=TEXT.filter(bool),
+        destination=TEXT,
+        due_at_ms=st.integers(min_value=1, max_value=10**13),
+        headers=st.dictionaries(TEXT, st.one_of(TEXT, st.integers(), st.booleans()), max_size=3),
+        key=st.one_of(st.none(), TEXT),
+    ),
+    st.data(),
+)
+def test_the_byte_test_lets_by_every_line_whose_copy_matches(
+    record: JournalRecord, data: st.DataObject
+) -> None:
+    """A purge decodes only the checkpoint lines its byte test lets by: every copy that
+    matches must be among them, however its text is written (escaped or raw UTF-8)."""
+    headers = {
+        k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in record.headers.items()
+    }
+    selection = Selection(
+        data.draw(st.sampled_from([None, record.destination])),
+        None,
+        None,
+        data.draw(st.dictionaries(st.sampled_from(sorted(headers) or [""]), TEXT, max_size=2))
+        if not headers or data.draw(st.booleans())
+        else dict(list(headers.items())[:1]),
+        data.draw(st.sampled_from([None, (record.key or "")[:2]])),
+    )
+    test = selection.lines()
+    if test is None or not selection.matches(record):
+        return
+    line = encode_record(record)
+    assert test(line)
+    raw = json.dumps(json.loads(line), ensure_ascii=False)  # other writers: raw UTF-8,
+    assert test(raw.encode())
+    for char, escaped in (("/", "\\/"), ("<", "\\u003c"), ("&", "\\u0026")):
+        raw = raw.replace(char, escaped)  # PHP's slashes, Go's HTML-safe characters
+    assert test(raw.encode())

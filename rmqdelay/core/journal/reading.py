@@ -385,10 +385,12 @@ def load(
     clock: Clock,
     progress: Callable[[int], None] | None = None,
     wants: Callable[[bytes], bool] | None = None,
+    copy_lines: Callable[[bytes], bool] | None = None,
 ) -> JournalFlow[Loaded]:
     """The journal folded: the latest checkpoint's core (its copies too with ``copies``,
     and their bodies unless not ``bodies``), then the tail after it (its lines ``wants``
-    says yes to, markers among them; all by default). Without ``copies`` the state holds
+    says yes to, markers among them; all by default); ``copy_lines``: which of the
+    checkpoint's copies to decode (all by default). Without ``copies`` the state holds
     the tail's copies alone (:attr:`~.view.ScheduleView.loaded`): :func:`load_ids` adds
     some."""
     require_journal(layout, "reading the schedule")
@@ -398,7 +400,7 @@ def load(
     state = JournalState()
     if pointer.complete:
         sections = (SECTIONS if bodies else (*CORE, *COPIES)) if copies else CORE
-        restorer = Restorer(state, ids=None if copies else ())
+        restorer = Restorer(state, ids=None if copies else (), lines=copy_lines)
         yield from read_sections(layout, pointer, restorer.take, sections, timeout=timeout)
         if copies:
             state.view.loaded = None

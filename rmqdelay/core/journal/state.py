@@ -133,8 +133,9 @@ class Restorer:
 
     ``ids``: whose copies to keep (all by default): a reader of a few ids keeps theirs
     (the view then holds them alone, :attr:`~.view.ScheduleView.loaded`), and decodes
-    only the parts that name one of them; ``hold``: which of those to keep. A worker
-    reads no copy at all. Bodies join the copies kept."""
+    only the parts that name one of them; ``hold``: which of those to keep; ``lines``:
+    which copies' lines to decode at all (a purge's byte-level superset of what it
+    selects). A worker reads no copy at all. Bodies join the copies kept."""
 
     def __init__(
         self,
@@ -142,10 +143,12 @@ class Restorer:
         *,
         ids: Iterable[str] | None = None,
         hold: Callable[[JournalRecord], bool] | None = None,
+        lines: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.state = state
         self.ids = None if ids is None else set(ids)
         self.hold = hold
+        self.lines = lines
         if self.ids is not None:
             state.view.loaded = set(self.ids)
         self.copies = 0
@@ -175,6 +178,9 @@ class Restorer:
             if not self._names_one(body):
                 return []
             found = [r for r in decode_copies(body) if r.message_id in ids]
+        elif self.lines is not None:  # the lines that may be wanted, the rest undecoded
+            kept = b"\n".join(filter(self.lines, body.split(b"\n")))
+            found = decode_copies(kept) if kept else []
         else:
             found = decode_copies(body)
         return found if hold is None else [r for r in found if hold(r)]
