@@ -24,6 +24,7 @@ WORKLOADS = (  # the suite runs them in this order (start-up first, on the quiet
     "list",
     "index",
     "history",
+    "purge",
     "publish",
     "e2e",
     "radix",
@@ -194,6 +195,25 @@ def from_history(r: dict[str, Any]) -> Figures:
         if ratios:  # the target: the worst of a cell's ratios, and whose it is
             worst = max(ratios, key=ratios.__getitem__)
             out[f"history.{name}.worst"] = fig(ratios[worst], "x", text=HISTORY_SHOWN[worst])
+    return out
+
+
+def from_purge(r: dict[str, Any]) -> Figures:
+    """A selective purge of a tenth of ``pending`` (by destination, by header), the dry
+    run's count and a cancel of one id, each in a fresh process."""
+    out: Figures = {"purge.pending": fig(r["pending"], "records")}
+    out["purge.count"] = fig(r["count_s"], "s", runs=r["count_runs_s"], count=r["counted"])
+    out["purge.one_id"] = fig(r["one_id_s"], "s")
+    for name in ("by_destination", "by_header"):
+        row = r[name]
+        cancelled = row["answer"]["cancelled"]
+        out[f"purge.{name}"] = fig(
+            row["s"],
+            "s",
+            count=cancelled,
+            rate=round(cancelled / row["s"]),
+            rss=row["peak_rss_mib"],
+        )
     return out
 
 
@@ -579,6 +599,7 @@ EXTRACT: dict[str, Callable[[dict[str, Any]], Figures]] = {
     "list": lambda doc: from_list(doc["results"], doc["params"]),
     "index": lambda doc: from_index(doc["results"], doc["params"]),
     "history": lambda doc: from_history(doc["results"]),
+    "purge": lambda doc: from_purge(doc["results"]),
     "e2e": lambda doc: from_e2e(doc["results"], doc["params"]),
     "radix": lambda doc: from_radix(doc["results"]),
     "hops": lambda doc: from_hops(doc["results"], doc["params"]),

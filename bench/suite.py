@@ -155,6 +155,8 @@ class SuiteSizes:
     """bench.history's grid: records of history ..."""
     history_pending: str = "0,1000000"
     """... by records pending."""
+    purge_pending: int = 1_000_000
+    """bench.purge: pending records, a tenth of them purged by destination."""
     seed: int = 1234
 
     @classmethod
@@ -193,6 +195,7 @@ class SuiteSizes:
             index_messages=20_000,
             history="0,100000",
             history_pending="0,20000",
+            purge_pending=20_000,
         )
 
     def steady_sizes(self, rate: float, duration_s: float | None = None, **kw: Any) -> Sizes:
@@ -819,6 +822,17 @@ async def workload_history(suite: Suite) -> None:
         raise RuntimeError("bench.history failed")
 
 
+async def workload_purge(suite: Suite) -> None:
+    """Selective purge: a tenth of ``purge_pending`` cancelled by filter (:mod:`bench.purge`)."""
+    from bench.purge import main as purge_main
+
+    s = suite.sizes
+    argv = ["--url", suite.url, "--out", str(suite.out / "purge.json")]
+    argv += ["--pending", str(s.purge_pending), "--repeats", str(s.repeats)]
+    if await asyncio.to_thread(purge_main, argv) != 0:
+        raise RuntimeError("bench.purge failed")
+
+
 async def workload_hops(suite: Suite) -> None:
     """Broker CPU per delivered message and lateness at the default layout and with the
     destination held, against the plain queue and the broker alone doing the hops
@@ -917,6 +931,7 @@ WORKLOAD_FUNCS: dict[str, Callable[[Suite], Awaitable[None]]] = {
     "list": workload_list,
     "index": workload_index,
     "history": workload_history,
+    "purge": workload_purge,
     "publish": workload_publish,
     "e2e": workload_e2e,
     "radix": workload_radix,

@@ -179,7 +179,8 @@ class Restorer:
                 return []
             found = [r for r in decode_copies(body) if r.message_id in ids]
         elif self.lines is not None:  # the lines that may be wanted, the rest undecoded
-            kept = b"\n".join(filter(self.lines, body.split(b"\n")))
+            test = self.lines
+            kept = b"\n".join([line for line in body.split(b"\n") if test(line)])
             found = decode_copies(kept) if kept else []
         else:
             found = decode_copies(body)
