@@ -268,11 +268,12 @@ class _ReadProgress:
 @click.option("--due-before", metavar="TIME", help="Filter: due before: ISO 8601, or 10m from now.")
 @click.option("--due-after", metavar="TIME", help="Filter: due after: ISO 8601, or 10m from now.")
 @click.option(
+    "-H",
     "--header",
     "header",
     multiple=True,
-    metavar="NAME=VALUE",
-    help="Filter: this header with this value (compared as text); repeat.",
+    metavar="KEY=VALUE",
+    help="Filter: k=v (the value compared as text); repeat.",
 )
 @click.option("--key-prefix", metavar="PREFIX", help="Filter: keyed messages whose key starts so.")
 @click.option("--dry-run", is_flag=True, help="Count what the filters select; cancel nothing.")
@@ -316,7 +317,7 @@ def cancel_command(
     if not message_ids and not key and not filtered:
         raise usage_error(
             "give message ids to cancel, --key KEY, or filters: --destination, --due-before, "
-            "--due-after, --header NAME=VALUE, --key-prefix"
+            "--due-after, --header KEY=VALUE, --key-prefix"
         )
     settings = settings_from(url, prefix, config)
     require_journal(settings.layout, "`cancel`")
@@ -337,7 +338,7 @@ def cancel_command(
 def _header(text: str) -> tuple[str, str]:
     name, equals, value = text.partition("=")
     if not equals or not name:
-        raise usage_error(f"--header {text!r}: write it NAME=VALUE, e.g. --header tenant=acme")
+        raise usage_error(f"--header {text!r}: write it KEY=VALUE, e.g. --header tenant=acme")
     return name, value
 
 

@@ -89,7 +89,7 @@ FILTERS = ("destination", "due_before", "due_after", "headers", "key_prefix")
 
 def filters_of(fields: dict[str, str]) -> dict[str, Any]:
     """``cancel_matching``'s filters from the form: times as ``--due-before`` reads
-    them, headers one ``NAME=VALUE`` a line; ValueError naming the field."""
+    them, headers one ``KEY=VALUE`` a line; ValueError naming the field."""
     from .pages import time_ms
 
     def text(name: str) -> str | None:
@@ -100,7 +100,7 @@ def filters_of(fields: dict[str, str]) -> dict[str, Any]:
         if line.strip():
             name, equals, value = line.strip().partition("=")
             if not equals or not name:
-                raise ValueError(f"headers: write each NAME=VALUE, got {line.strip()!r}")
+                raise ValueError(f"headers: write each KEY=VALUE, got {line.strip()!r}")
             headers[name] = value
     before, after = (
         time_ms(text("due_before"), "due_before"),

@@ -17,6 +17,7 @@ import signal
 from collections.abc import Iterable
 
 from ..amqp.consumers import broker_version
+from ..core import tracing
 from ..core.handling.handlers import HandlerSpec
 from ..core.journal.tombstones import Tombstones
 from ..errors import WorkerError
@@ -31,6 +32,7 @@ from .process import Processor
 from .reconnect import RETRIED, reconnect_delay, why_retry
 from .recurring import RecurringHook, RecurringUnseen
 from .session import Consuming, Session, first
+from .tracing import TracingHook
 
 __all__ = ["RunningWorker"]
 
@@ -89,6 +91,8 @@ class RunningWorker:
         self._stop = asyncio.Event()
         self._abort = asyncio.Event()
         own: list[WorkerHook] = [MetricsHook(), LogHook()]
+        if tracing.active():  # the process imported OpenTelemetry: a span per handling
+            own.insert(0, TracingHook())
         self.tombstones = Tombstones()
         self.keys: KeyFilter | None = None
         self.recurring: RecurringHook | None = None

@@ -93,7 +93,7 @@ def test_filters_that_cannot_run_name_the_fix(shared_topology: TestTopology) -> 
     env = settings_env(shared_topology.settings([]))
     for args, words in [
         (("cancel", "some-id", "--destination", "x"), "not both"),
-        (("cancel", "--header", "tenant"), "NAME=VALUE"),
+        (("cancel", "--header", "tenant"), "KEY=VALUE"),
         (("cancel", "--dry-run"), "go with filters"),
         (("cancel",), "--key-prefix"),
         (("cancel", "--due-after", "soon"), "--due-after"),
@@ -168,6 +168,6 @@ def test_the_dashboard_counts_first_and_cancels_no_more_than_it_counted(
         bad = client.post(
             "/api/cancel-matching", data={"headers": "tenant"}, headers={"x-csrf-token": token[1]}
         )
-        assert bad.status_code == 400 and "NAME=VALUE" in bad.json()["text"]
+        assert bad.status_code == 400 and "KEY=VALUE" in bad.json()["text"]
     with Publisher(settings) as publisher:
         assert ids(publisher, dest) == ["kept"]

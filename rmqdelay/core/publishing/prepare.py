@@ -15,7 +15,7 @@ from typing import Any, cast
 from typing_extensions import Unpack
 
 from ...errors import DelayError, InvalidMessageError
-from .. import clock, failures
+from .. import clock, failures, tracing
 from ..clock import ms_of_us
 from ..durations import DurationLike, parse_duration_us
 from ..frozen import make
@@ -112,19 +112,26 @@ class Preparing:
         """
         if key is not None or on_conflict is not None:
             check_key(self.layout, key, on_conflict)
-        if not properties and headers is None and message_id is None:
+        traced = tracing.active()
+        if not properties and headers is None and message_id is None and not traced:
             if key is None:
                 return self._from_draft(self._draft(destination, body, delay, at, now))
             return self._prepare_keyed(destination, body, delay, at, now, key, on_conflict)
         if properties and not properties.keys() <= _CARRIED:
             unknown = min(properties.keys() - _CARRIED)
             raise TypeError(f"publish() got an unexpected keyword argument {unknown!r}")
+        if traced and now is None:
+            now = self.now_us()  # the span says the delay asked: due - now, exactly
         due = self._due(destination, delay, at, now)
         payload, encoded_type = encode_body(body)
         if headers is not None and not isinstance(headers, Mapping):
             raise InvalidMessageError(
                 "headers", f"must be a dict of str to values, got {type(headers).__name__}"
             )
+        if traced:
+            assert now is not None
+            message_id = message_id or new_message_id()
+            headers = tracing.created(headers, destination, message_id, due, now)
         out_headers = clean_headers(headers)
         out_headers.setdefault(ATTEMPT, 1)
         if key is not None:
