@@ -53,6 +53,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("status", "status"),
     "bridge": ("bridge", "app"),
     "dashboard": ("dashboard", "dashboard_command"),
+    "move": ("move", "move_command"),
 }
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "carried_properties",
     "clean_headers",
     "encode_body",
+    "header_int",
     "jsonable",
 ]
 
@@ -170,3 +171,14 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def header_int(headers: Mapping[str, Any], key: str, default: int) -> int:
+    """An integer header written by any client (int, text or bytes); ``default`` if unusable."""
+    value = headers.get(key)
+    if isinstance(value, bytes):
+        value = value.decode(errors="replace")
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else default
+    except (TypeError, ValueError):
+        return default

@@ -11,8 +11,7 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 
 from ..core.clock import datetime_of_ms, now_ms, timedelta_of_ms
-from ..core.handling.parking import header_int
-from ..core.messages import ATTEMPT, DUE_AT
+from ..core.messages import ATTEMPT, DUE_AT, header_int
 
 __all__ = ["Delivery", "read_delivery"]
 

@@ -76,6 +76,7 @@ COMMAND_LINE: dict[str, list[str]] = {
     "scheduled": [],
     "scheduled list": [*DESTINATIONS, "--due-before", "--limit", "--key", "--json", *SHARED],
     "scheduled checkpoint": ["--json", *SHARED],
+    "move": ["--to", "--to-prefix", "--dry-run", "--json", *SHARED],
     "cancel": [
         "MESSAGE_IDS",
         "--key",
@@ -169,6 +170,7 @@ GROUPS = {
         "status",
         "bridge",
         "dashboard",
+        "move",
     ],
     "topology": ["plan", "apply", "verify", "destroy"],
     "parked": ["list", "replay", "purge"],
@@ -263,6 +265,7 @@ JSON_SHAPES = {
     "scheduled list": JSON_LINES,
     "scheduled checkpoint": JSON_OBJECT,
     "cancel": JSON_LINES,
+    "move": JSON_OBJECT,
     "reschedule": JSON_OBJECT,
     "status": JSON_OBJECT,
     "recurring add": JSON_OBJECT,

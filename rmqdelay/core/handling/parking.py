@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import clock
 from ..layout import Layout
-from ..messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers
+from ..messages import ATTEMPT, DESTINATION, DUE_AT, clean_headers, header_int
 
 __all__ = [
     "PARKED_AT",
@@ -29,7 +29,6 @@ __all__ = [
     "PARKED_TRACEBACK",
     "REPLAYS",
     "ParkedMessage",
-    "header_int",
     "parked_headers",
     "read_parked",
     "replay_headers",
@@ -61,17 +60,6 @@ def short_traceback(error: BaseException, limit: int = _MAX_TRACEBACK) -> str:
     """The last frames of a traceback, clipped from the front so the raise site stays."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__, limit=-6))
     return text if len(text) <= limit else "..." + text[-(limit - 3) :]
-
-
-def header_int(headers: Mapping[str, Any], key: str, default: int) -> int:
-    """An integer header written by any client (int, text or bytes); ``default`` if unusable."""
-    value = headers.get(key)
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    try:
-        return int(value) if value is not None and not isinstance(value, bool) else default
-    except (TypeError, ValueError):
-        return default
 
 
 def _text(value: Any) -> str | None:

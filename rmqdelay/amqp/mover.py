@@ -1,0 +1,206 @@
+"""``rmqdelay move``: every message waiting in one cluster's tiers and work queues, taken
+and published to another cluster at its own due time, confirmed there before it is
+acked here (:mod:`rmqdelay.core.journal.moving` decides what goes).
+
+A batch is consumed from one queue (unacked), its messages published to the new cluster
+with ``publish_many`` (each confirmed, with its journal record), then the batch is acked
+here. A move cut off at any point loses nothing: what was not acked goes back to its
+queue, and the next run finds the copies the new cluster's journal holds already and
+only acks them here. Parked messages stay (``rmqdelay parked replay`` on the old cluster
+first, if they should go too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pika
+
+from ..core.clock import datetime_of_ms, now_ms
+from ..core.journal.moving import MoveReport, Moving, decide, request_of
+from ..core.journal.reading import load
+from ..core.journal.recurring import RecurringSchedule
+from ..core.messages import CARRIED
+from ..errors import BatchPublishError, PublishError
+from ..settings import Settings
+from .blocking import close_connection
+from .connections import connect_blocking
+from .journal import read_once
+from .publisher import Publisher
+from .topology_manager import TopologyManager
+
+__all__ = ["Mover"]
+
+BATCH = 500
+"""Messages taken from a queue, published there and acked here at a time."""
+PASSES = 3
+"""Passes over the queues at most, each after one that took something."""
+IDLE_S = 0.5
+"""A queue that gives nothing for this long is done (what comes later is due later)."""
+
+
+class Mover:
+    """Moves the prefix's waiting messages from ``old`` to ``new`` (the same layout)."""
+
+    def __init__(self, old: Settings, new: Settings) -> None:
+        self.old, self.new = old, new
+        self.report = MoveReport()
+        self._applied: set[str] = set()
+        self._schedules: dict[str, RecurringSchedule] = {}
+
+    def queues(self) -> list[str]:
+        """The tiers, longest first, then the work queues the old cluster has."""
+        layout = self.old.layout
+        tiers = sorted(layout.tiers, key=lambda t: -t.ttl_ms)
+        with TopologyManager(self.old) as manager:
+            destinations = manager.discover_destinations()
+        return [t.queue for t in tiers] + [layout.work_queue(d) for d in destinations]
+
+    def waiting(self) -> int:
+        """What the old cluster's queues hold now (a dry run's count)."""
+        count = 0
+        connection = connect_blocking(self.old, "move")
+        try:
+            for queue in self.queues():
+                channel = connection.channel()
+                with contextlib.suppress(pika.exceptions.ChannelClosedByBroker):
+                    count += channel.queue_declare(queue, passive=True).method.message_count
+                    channel.close()
+        finally:
+            close_connection(connection, self.old.confirm_timeout)
+        return count
+
+    def run(self, progress: Callable[[int], None] | None = None) -> MoveReport:
+        with TopologyManager(self.new) as manager:  # the journal there, to read and write
+            manager.apply([])
+        old_view = read_once(self.old, load(self.old.layout, timeout=60, clock=now_ms)).state.view
+        there = read_once(
+            self.new, load(self.new.layout, copies=True, bodies=False, timeout=60, clock=now_ms)
+        ).state.view
+        copies = set(there.copies)
+        with Publisher(self.old) as publisher:
+            self._schedules = {s.name: s for s in publisher.list_recurring()}
+        connection = connect_blocking(self.old, "move")
+        try:
+            queues = self.queues()
+            with Publisher(self.new) as target:
+                for _ in range(PASSES):  # again: what flowed into a queue once it was done
+                    before = self.report.taken
+                    for queue in queues:
+                        for batch in self._batches(connection, queue):
+                            self._move(target, batch, old_view, copies)
+                            if progress is not None:
+                                progress(self.report.moved + self.report.already)
+                    if self.report.taken == before:
+                        break
+        finally:
+            close_connection(connection, self.old.confirm_timeout)
+        with Publisher(self.new) as target:
+            carried = {s.name for s in target.list_recurring()} | set(self.report.recurring)
+        self.report.left += [
+            f"recurring schedule {name!r}: no occurrence waiting, add it there again"
+            for name, s in self._schedules.items()
+            if name not in carried and s.state != "removed"
+        ]
+        return self.report
+
+    def _batches(self, connection: pika.BlockingConnection, queue: str) -> Iterator[list[Any]]:
+        """The queue's messages in batches: as many as it held when asked (those that
+        flow in meanwhile come from longer tiers, taken before), or until it is idle."""
+        channel = connection.channel()
+        try:
+            ready = channel.queue_declare(queue, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker:
+            return  # not declared on the old cluster: nothing waits there
+        if not ready:
+            channel.close()
+            return
+        channel.basic_qos(prefetch_count=BATCH)
+        batch: list[Any] = []
+        taken = 0
+        for method, properties, body in channel.consume(queue, inactivity_timeout=IDLE_S):
+            if method is not None:
+                batch.append((channel, method, properties, body))
+                taken += 1
+            done = method is None or taken >= ready
+            if batch and (done or len(batch) >= BATCH):
+                yield batch
+                batch = []
+            if done:
+                break
+        channel.cancel()
+        channel.close()
+
+    def _move(
+        self, target: Publisher, batch: list[Any], old_view: Any, copies: set[tuple[str, int]]
+    ) -> None:
+        now = now_ms()
+        plans: list[tuple[Any, Moving]] = []
+        requests = []
+        for item in batch:
+            _channel, _method, properties, body = item
+            headers = dict(properties.headers or {})
+            moving = decide(old_view, copies, headers, properties.message_id or "", now)
+            if moving.action == "recurring":
+                moving = self._recurring(target, moving, body, properties)
+            if moving.action == "move":
+                carried = {name: getattr(properties, name, None) for name in CARRIED}
+                requests.append(request_of(moving, body, headers, carried))
+            plans.append((item, moving))
+        self._apply({r["destination"] for r in requests})
+        failed: set[str] = set()
+        if requests:
+            try:
+                target.publish_many(requests)
+            except BatchPublishError as exc:
+                failed = set(exc.failures)
+                first = next(iter(exc.failures.values()))
+        for (channel, method, _properties, _body), moving in plans:
+            if moving.message_id in failed:
+                channel.basic_nack(method.delivery_tag, requeue=True)
+                continue
+            channel.basic_ack(method.delivery_tag)
+            copies.add((moving.message_id, moving.due_ms))
+            self.report.count(moving)
+        if failed:  # stop: nothing is lost, and a second run moves them
+            raise PublishError(
+                f"{len(failed)} message(s) were not confirmed by the new cluster ({first}); "
+                "they stay on this one: run `rmqdelay move` again"
+            )
+
+    def _apply(self, destinations: set[str]) -> None:
+        """Declare the new cluster's topology for destinations met for the first time."""
+        new = destinations - self._applied
+        if new:
+            with TopologyManager(self.new) as manager:
+                manager.apply(sorted(new))
+            self._applied |= new
+
+    def _recurring(self, target: Publisher, moving: Moving, body: bytes, properties: Any) -> Moving:
+        """An occurrence: carry its schedule over (which publishes it there, at the
+        same time); one that cannot be told a schedule moves as a keyed message."""
+        name = (moving.key or "").removeprefix("recurring:").rsplit("@", 1)[0]
+        schedule = self._schedules.get(name)
+        if schedule is None or schedule.state == "removed":
+            return replace(moving, action="move")
+        rule = schedule.rule
+        self._apply({schedule.destination})
+        content = {k: getattr(properties, k, None) for k in CARRIED}
+        target.add_recurring(
+            name,
+            schedule.destination,
+            body,
+            cron=rule.cron,
+            tz=rule.tz if rule.cron else None,
+            every=None if rule.every_ms is None else f"{rule.every_ms}ms",
+            first_at=None if rule.every_ms is None else datetime_of_ms(rule.anchor_ms),
+            **{k: v for k, v in content.items() if v is not None},
+        )
+        if schedule.state == "paused":
+            target.pause_recurring(name)
+        if name not in self.report.recurring:
+            self.report.recurring.append(name)
+        return moving  # published there by its schedule, at the same time
