@@ -49,15 +49,20 @@ class Mover:
         self.old, self.new = old, new
         self.report = MoveReport()
         self._applied: set[str] = set()
+        self._seen: set[str] = set()
+        """Destinations of the messages taken."""
         self._schedules: dict[str, RecurringSchedule] = {}
 
-    def queues(self) -> list[str]:
-        """The tiers, longest first, then the work queues the old cluster has."""
+    def queues(self) -> Iterator[str]:
+        """The tiers, longest first (what leaves one goes to a shorter one, taken
+        after), then the work queues: those the management API lists, and those of every
+        destination met (without the API, a destination none of whose messages waited
+        in the tiers keeps what is due in its work queue: its workers handle that)."""
         layout = self.old.layout
-        tiers = sorted(layout.tiers, key=lambda t: -t.ttl_ms)
+        yield from (t.queue for t in sorted(layout.tiers, key=lambda t: -t.ttl_ms))
         with TopologyManager(self.old) as manager:
-            destinations = manager.discover_destinations()
-        return [t.queue for t in tiers] + [layout.work_queue(d) for d in destinations]
+            listed = set(manager.discover_destinations())
+        yield from (layout.work_queue(d) for d in sorted(listed | self._seen))
 
     def waiting(self) -> int:
         """What the old cluster's queues hold now (a dry run's count)."""
@@ -80,16 +85,17 @@ class Mover:
         there = read_once(
             self.new, load(self.new.layout, copies=True, bodies=False, timeout=60, clock=now_ms)
         ).state.view
-        copies = set(there.copies)
+        copies: dict[str, set[int]] = {}
+        for message_id, due in there.copies:
+            copies.setdefault(message_id, set()).add(due)
         with Publisher(self.old) as publisher:
             self._schedules = {s.name: s for s in publisher.list_recurring()}
         connection = connect_blocking(self.old, "move")
         try:
-            queues = self.queues()
             with Publisher(self.new) as target:
                 for _ in range(PASSES):  # again: what flowed into a queue once it was done
                     before = self.report.taken
-                    for queue in queues:
+                    for queue in self.queues():
                         for batch in self._batches(connection, queue):
                             self._move(target, batch, old_view, copies)
                             if progress is not None:
@@ -135,7 +141,7 @@ class Mover:
         channel.close()
 
     def _move(
-        self, target: Publisher, batch: list[Any], old_view: Any, copies: set[tuple[str, int]]
+        self, target: Publisher, batch: list[Any], old_view: Any, copies: dict[str, set[int]]
     ) -> None:
         now = now_ms()
         plans: list[tuple[Any, Moving]] = []
@@ -163,7 +169,8 @@ class Mover:
                 channel.basic_nack(method.delivery_tag, requeue=True)
                 continue
             channel.basic_ack(method.delivery_tag)
-            copies.add((moving.message_id, moving.due_ms))
+            copies.setdefault(moving.message_id, set()).add(moving.due_ms)
+            self._seen.add(moving.destination)
             self.report.count(moving)
         if failed:  # stop: nothing is lost, and a second run moves them
             raise PublishError(

@@ -49,7 +49,7 @@ def test_each_message_moves_stays_or_is_found_there() -> None:
         )
     )
     view = state.view
-    there = {("moved-before", NOW + 5000)}
+    there = {"moved-before": {NOW + 5000}, "due-before": {NOW + 30}}
 
     def what(message_id: str, due: int, key: str | None = None) -> tuple[str, int, str]:
         moving = decide(view, there, headers(due, key), message_id, NOW)
@@ -61,13 +61,16 @@ def test_each_message_moves_stays_or_is_found_there() -> None:
     assert what("second", NOW + 6000, "k") == ("skip", NOW + 6000, "ignored")
     assert what("later", NOW + 5000) == ("move", NOW + 60_000, "")  # at its new time
     assert what("moved-before", NOW + 5000) == ("moved", NOW + 5000, "")
+    # due when a cut-off run moved it: sent at once, its copy there is due at that moment
+    assert what("due-before", NOW - 10) == ("moved", NOW - 10, "")
+    assert what("due-before", NOW + 9000)[0] == "move"  # another copy, still ahead
     assert what("recurring:r@1", NOW + 5000, "recurring:r@1")[0] == "recurring"
     nowhere = decide(view, there, {DUE_AT: NOW}, "x", NOW)
     assert (nowhere.action, nowhere.reason) == ("skip", "no rmqdelay-destination")
 
 
 def test_the_request_keeps_id_due_time_attempt_key_headers_and_properties() -> None:
-    moving = decide(JournalState().view, set(), headers(NOW + 5000, "k", 3), "m1", NOW)
+    moving = decide(JournalState().view, {}, headers(NOW + 5000, "k", 3), "m1", NOW)
     request = request_of(moving, b"body", headers(NOW + 5000, "k", 3), {"content_type": "x/y"})
     assert request["at"].tzinfo is timezone.utc
     assert round(request["at"].timestamp() * 1000) == NOW + 5000

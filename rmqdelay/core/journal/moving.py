@@ -10,7 +10,7 @@ effect, not twice). A copy rescheduled later goes at its new time.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,13 +41,14 @@ class Moving:
 
 def decide(
     old: ScheduleView,
-    there: Container[tuple[str, int]],
+    there: Mapping[str, Collection[int]],
     headers: Mapping[str, Any],
     message_id: str,
     now_ms: int,
 ) -> Moving:
     """What to do with a message of the old cluster, by its headers and both journals
-    (``there``: the copies, id and due time, the new cluster's journal holds)."""
+    (``there``: the due times of each id's copies the new cluster's journal holds; one
+    due already when it moved went at once, so any copy of its id there is it)."""
     destination = str(headers.get(DESTINATION) or "")
     due = header_int(headers, DUE_AT, now_ms)
     raw_key = headers.get(KEY)
@@ -62,7 +63,8 @@ def decide(
         due = verdict.forward_due_ms
     elif verdict.action == "drop" and verdict.reason in DROPPED:
         return Moving("skip", destination, message_id, due, key, verdict.reason)
-    if (message_id, due) in there:
+    dues = there.get(message_id, ())
+    if due in dues or (due <= now_ms and dues):
         return Moving("moved", destination, message_id, due, key)
     if key is not None and key.startswith(RECURRING_KEY_PREFIX):
         return Moving("recurring", destination, message_id, due, key)
