@@ -62,11 +62,11 @@ def move_command(
     elif as_json:
         report = mover.run()
     else:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-        columns = (SpinnerColumn(), TextColumn("moved {task.completed:,}"), TimeElapsedColumn())
+        columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, console=err(), transient=True) as bar:
-            task = bar.add_task("move", total=None)
+            task = bar.add_task("move", total=mover.waiting())  # what waits as it starts
             report = mover.run(progress=lambda done: bar.update(task, completed=done))
     if as_json:
         print_json(report.to_json())
