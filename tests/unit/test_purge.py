@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmqdelay import Settings
-from rmqdelay.core.journal.purge import PurgeResult, Selection
+from rmqdelay.core.journal.purge import PurgeResult, Selection, _text
 from rmqdelay.core.journal.records import JournalRecord, encode_record
 from rmqdelay.testing import AsyncInMemoryPublisher, InMemoryPublisher
 
@@ -149,7 +149,7 @@ def test_a_selection_matches_when_every_filter_given_does(
     def text(value: object) -> str:
         if isinstance(value, bool):
             return "true" if value else "false"
-        return str(value)
+        return str(value)  # the sampled values: text and numbers
 
     each = [
         destination is None or record.destination == destination,
@@ -172,7 +172,17 @@ TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size
         message_id=TEXT.filter(bool),
         destination=TEXT,
         due_at_ms=st.integers(min_value=1, max_value=10**13),
-        headers=st.dictionaries(TEXT, st.one_of(TEXT, st.integers(), st.booleans()), max_size=3),
+        headers=st.dictionaries(
+            TEXT,
+            st.one_of(
+                TEXT,
+                st.integers(),
+                st.booleans(),
+                st.none(),
+                st.dictionaries(TEXT, st.integers(), max_size=2),
+            ),
+            max_size=3,
+        ),
         key=st.one_of(st.none(), TEXT),
     ),
     st.data(),
@@ -182,9 +192,7 @@ def test_the_byte_test_lets_by_every_line_whose_copy_matches(
 ) -> None:
     """A purge decodes only the checkpoint lines its byte test lets by: every copy that
     matches must be among them, however its text is written (escaped or raw UTF-8)."""
-    headers = {
-        k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in record.headers.items()
-    }
+    headers = {k: _text(v) for k, v in record.headers.items()}  # as a user would write them
     selection = Selection(
         data.draw(st.sampled_from([None, record.destination])),
         None,

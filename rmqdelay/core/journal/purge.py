@@ -11,6 +11,7 @@ the count, the confirmation and the tombstones come from the same read.
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -29,17 +30,19 @@ __all__ = ["PurgeResult", "Selection", "purge"]
 
 def _text(value: object) -> str:
     """A header's value as ``--header k=v`` compares it: text as it is, bytes decoded,
-    booleans ``true``/``false``, numbers as Python writes them."""
+    numbers as Python writes them, anything else as JSON writes it (``true``,
+    ``null``, ``{"a":1}``): the journal's own text of it."""
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    if isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), default=str)
 
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:@ -]+")
-"""What a JSON writer may escape: anything but letters, digits and ``_.:@ -`` (Go's
-escapes ``<>&``, PHP's ``/``, Python's every non-ASCII character)."""
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.@-]+")
+"""What a JSON writer may escape or space differently: anything but letters, digits
+and ``_.@-`` (Go escapes ``<>&``, PHP ``/``, Python every non-ASCII character; a
+table's value may be written with a space after each ``:`` and ``,``)."""
 
 
 def _fragments(text: str) -> tuple[bytes, ...]:
@@ -81,7 +84,9 @@ class Selection:
         """A byte-level test of a copy's journal line that every copy :meth:`matches`
         passes (a superset: what it lets by is decoded and tested): a purge of a tenth
         of a million decodes a tenth. None when no filter can be seen in the bytes."""
-        texts = [*self.headers.keys(), *self.headers.values()]
+        # a table's or list's text is JSON's, whose escapes another writer may not share
+        values = [v for v in self.headers.values() if not v.startswith(("{", "["))]
+        texts = [*self.headers.keys(), *values]
         texts += [t for t in (self.destination, self.key_prefix) if t is not None]
         needles = [part for text in texts for part in _fragments(text)]
         if not needles:
