@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from ...errors import RmqDelayError
-from .. import failures
+from .. import failures, tracing
 from ..clock import ms_of_datetime, ms_of_us
 from ..durations import DurationLike
 from ..journal import flows as journal_flows
@@ -107,9 +107,10 @@ class PublisherCore(Sending):
         """Validate every request before the first is sent; send by due time. Keyed
         requests are answered from one read of the journal after the batch."""
         draft = self._draft
+        plain = not tracing.active()  # a traced message carries its context: prepare's
         checked = [
             draft(request["destination"], request["body"], request.get("delay"), request.get("at"))
-            if request.keys() <= _PLAIN_REQUEST and request.keys() >= _NEEDED
+            if plain and request.keys() <= _PLAIN_REQUEST and request.keys() >= _NEEDED
             else self.prepare(**request)
             for request in requests
         ]
