@@ -46,6 +46,7 @@ __all__ = [
     "duration_us",
     "epilog",
     "friendly_errors",
+    "header_pairs",
     "json_option",
     "management_url_option",
     "settings_from",
@@ -165,6 +166,19 @@ def at_option(help: str) -> Callable[[F], F]:
 def alias(*decls: str, target: str, new: str, shifts: str = "") -> Callable[[F], F]:
     """An old spelling of ``new`` (an option, or the argument ``target``), hidden."""
     return click.option(*decls, cls=Alias, target=target, new=new, shifts=shifts)
+
+
+def header_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``-H/--header KEY=VALUE``, repeated, as a dict (a usage error naming the form)."""
+    headers = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise usage_error(
+                f"--header {pair!r} must look like key=value (KEY=VALUE, e.g. tenant=acme)"
+            )
+        headers[key] = value
+    return headers
 
 
 def time_value(

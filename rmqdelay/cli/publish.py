@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +23,7 @@ from .options import (
     duration_us,
     epilog,
     friendly_errors,
+    header_pairs,
     json_option,
     settings_from,
     time_value,
@@ -40,16 +41,6 @@ __all__ = ["DESTINATION_HELP", "consume", "publish", "read_body"]
 DESTINATION_HELP = "The destination (work queue name)."
 
 # The broker client, the settings and rich are imported inside the commands: see options.
-
-
-def _parse_headers(pairs: Sequence[str]) -> dict[str, str]:
-    headers = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise usage_error(f"--header {pair!r} must look like key=value")
-        headers[key] = value
-    return headers
 
 
 def read_body(body: str, content_type: str | None) -> tuple[Any, str | None]:
@@ -152,7 +143,7 @@ def publish(
     if delay is not None:
         duration_us(delay, "--delay")
     due_at = time_value(at)
-    headers = _parse_headers(header)
+    headers = header_pairs(header)
     payload, content_type = read_body(body, content_type)
     settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher

@@ -19,13 +19,14 @@ from .options import (
     duration_us,
     epilog,
     friendly_errors,
+    header_pairs,
     json_option,
     settings_from,
     time_value,
     usage_error,
 )
 from .output import print_json, print_table
-from .publish import CONTENT_TYPE, DESTINATION_HELP, _parse_headers, read_body
+from .publish import CONTENT_TYPE, DESTINATION_HELP, read_body
 
 if TYPE_CHECKING:
     from ..core.journal.recurring import RecurringResult
@@ -118,7 +119,7 @@ def add(
     start = time_value(at)
     if delay is not None:
         start = datetime_of_ms(now_ms() + duration_us(delay, "--delay") // 1000)
-    headers = _parse_headers(header)
+    headers = header_pairs(header)
     payload, content_type = read_body(body, content_type)
     settings = settings_from(url, prefix, config)
     from ..amqp.publisher import Publisher

@@ -26,6 +26,7 @@ from .options import (
     duration_us,
     epilog,
     friendly_errors,
+    header_pairs,
     json_option,
     settings_from,
     time_value,
@@ -306,7 +307,7 @@ def cancel_command(
         "destination": destination,
         "due_before": time_value(due_before, "--due-before", or_duration=True),
         "due_after": time_value(due_after, "--due-after", or_duration=True),
-        "headers": dict(_header(h) for h in header),
+        "headers": header_pairs(header),
         "key_prefix": key_prefix,
     }
     filtered = any(v is not None and v != {} for v in filters.values())
@@ -333,13 +334,6 @@ def cancel_command(
             out(emoji=False).print(escape(result.describe()), highlight=False)
     if any(r.outcome != "cancelled" for r in results):
         raise Exit(1)
-
-
-def _header(text: str) -> tuple[str, str]:
-    name, equals, value = text.partition("=")
-    if not equals or not name:
-        raise usage_error(f"--header {text!r}: write it KEY=VALUE, e.g. --header tenant=acme")
-    return name, value
 
 
 def _cancel_matching(
