@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pika
 
@@ -23,8 +23,9 @@ from ..core.clock import datetime_of_ms, now_ms
 from ..core.journal.moving import MoveReport, Moving, decide, request_of
 from ..core.journal.reading import load
 from ..core.journal.recurring import RecurringSchedule
-from ..core.messages import CARRIED
-from ..errors import BatchPublishError, PublishError
+from ..core.journal.rules import read_occurrence
+from ..core.messages import MessageProperties, carried_properties
+from ..errors import BatchPublishError, PublishError, RecurringError
 from ..settings import Settings
 from .blocking import close_connection
 from .connections import connect_blocking
@@ -102,10 +103,10 @@ class Mover:
                                 progress(self.report.moved + self.report.already)
                     if self.report.taken == before:
                         break
+                there_now = {s.name for s in target.list_recurring()}
         finally:
             close_connection(connection, self.old.confirm_timeout)
-        with Publisher(self.new) as target:
-            carried = {s.name for s in target.list_recurring()} | set(self.report.recurring)
+        carried = there_now | set(self.report.recurring)
         self.report.left += [
             f"recurring schedule {name!r}: no occurrence waiting, add it there again"
             for name, s in self._schedules.items()
@@ -151,9 +152,9 @@ class Mover:
             headers = dict(properties.headers or {})
             moving = decide(old_view, copies, headers, properties.message_id or "", now)
             if moving.action == "recurring":
-                moving = self._recurring(target, moving, body, properties)
+                moving = self._recurring(target, moving, body, headers, properties)
             if moving.action == "move":
-                carried = {name: getattr(properties, name, None) for name in CARRIED}
+                carried = carried_properties(properties)
                 requests.append(request_of(moving, body, headers, carried))
             plans.append((item, moving))
         self._apply({r["destination"] for r in requests})
@@ -186,16 +187,27 @@ class Mover:
                 manager.apply(sorted(new))
             self._applied |= new
 
-    def _recurring(self, target: Publisher, moving: Moving, body: bytes, properties: Any) -> Moving:
+    def _recurring(
+        self,
+        target: Publisher,
+        moving: Moving,
+        body: bytes,
+        headers: dict[str, Any],
+        properties: Any,
+    ) -> Moving:
         """An occurrence: carry its schedule over (which publishes it there, at the
         same time); one that cannot be told a schedule moves as a keyed message."""
-        name = (moving.key or "").removeprefix("recurring:").rsplit("@", 1)[0]
-        schedule = self._schedules.get(name)
+        try:
+            occurrence = read_occurrence(headers)
+        except RecurringError:
+            occurrence = None
+        schedule = None if occurrence is None else self._schedules.get(occurrence.name)
         if schedule is None or schedule.state == "removed":
             return replace(moving, action="move")
+        name = schedule.name
         rule = schedule.rule
         self._apply({schedule.destination})
-        content = {k: getattr(properties, k, None) for k in CARRIED}
+        content = carried_properties(properties)
         target.add_recurring(
             name,
             schedule.destination,
@@ -204,7 +216,7 @@ class Mover:
             tz=rule.tz if rule.cron else None,
             every=None if rule.every_ms is None else f"{rule.every_ms}ms",
             first_at=None if rule.every_ms is None else datetime_of_ms(rule.anchor_ms),
-            **{k: v for k, v in content.items() if v is not None},
+            **cast(MessageProperties, {k: v for k, v in content.items() if v is not None}),
         )
         if schedule.state == "paused":
             target.pause_recurring(name)

@@ -73,6 +73,7 @@ def waiting(settings: Settings) -> int:
         connection.close()
 
 
+@pytest.mark.timeout(WAIT_FOR_NODE_S + 180)  # the wait for the node, and the move
 def test_a_move_killed_half_way_and_run_again_delivers_each_once_and_never_early(
     amqp_url: str, prefix: str, new_cluster: str
 ) -> None:
