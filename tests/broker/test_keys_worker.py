@@ -35,6 +35,8 @@ class Outcomes(WorkerHook):
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, int | None, str, str]] = []
+        # copies forwarded once their new time had passed: sent at once, due when sent
+        self.forwarded_late: set[str] = set()
         self._lock = threading.Lock()
 
     def after_settle(self, delivery: Delivery, settled: Settled) -> None:
@@ -42,6 +44,8 @@ class Outcomes(WorkerHook):
             self.seen.append(
                 (delivery.message_id, delivery.due_ms, settled.outcome, settled.reason)
             )
+            if settled.outcome == "forwarded" and settled.delay_ms == 0:
+                self.forwarded_late.add(delivery.message_id)
 
     def count(self, outcome: str | None = None) -> int:
         with self._lock:
@@ -208,8 +212,11 @@ async def test_rescheduled_later_and_earlier_each_handled_once_at_the_new_time(
     assert set(counts) == set(wanted) and set(counts.values()) == {1}
     for message_id, key, due, begun in handled.calls:
         assert (key is not None) == (message_id in keyed)
-        assert due == new_due[message_id]
-        assert begun >= new_due[message_id]  # never early
+        assert due is not None and begun >= due >= new_due[message_id]  # never early
+        if message_id not in outcomes.forwarded_late:
+            # a worker behind its deliveries forwards past the new time: that copy goes
+            # at once (a due time in the past goes straight to the work queue)
+            assert due == new_due[message_id]
         if message_id in earlier:
             assert begun < earlier[message_id]  # not at the old time
     outcome_of = Counter((s[0] in earlier, s[2]) for s in outcomes.seen)
