@@ -15,16 +15,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 import pika
 
-from ..core.clock import datetime_of_ms, now_ms
+from ..core.clock import now_ms
 from ..core.journal.moving import MoveReport, Moving, decide, request_of
 from ..core.journal.reading import load
 from ..core.journal.recurring import RecurringSchedule
 from ..core.journal.rules import read_occurrence
-from ..core.messages import MessageProperties, carried_properties
+from ..core.messages import carried_properties
 from ..errors import BatchPublishError, PublishError, RecurringError
 from ..settings import Settings
 from .blocking import close_connection
@@ -53,6 +53,8 @@ class Mover:
         self._seen: set[str] = set()
         """Destinations of the messages taken."""
         self._schedules: dict[str, RecurringSchedule] = {}
+        self._pausing: set[str] = set()
+        """Paused schedules whose occurrence this batch moves."""
 
     def queues(self) -> Iterator[str]:
         """The tiers, longest first (what leaves one goes to a shorter one, taken
@@ -152,7 +154,7 @@ class Mover:
             headers = dict(properties.headers or {})
             moving = decide(old_view, copies, headers, properties.message_id or "", now)
             if moving.action == "recurring":
-                moving = self._recurring(target, moving, body, headers, properties)
+                moving = self._recurring(moving, headers)
             if moving.action == "move":
                 carried = carried_properties(properties)
                 requests.append(request_of(moving, body, headers, carried))
@@ -173,6 +175,9 @@ class Mover:
             copies.setdefault(moving.message_id, set()).add(moving.due_ms)
             self._seen.add(moving.destination)
             self.report.count(moving)
+        for name in sorted(self._pausing):  # known there now, from its occurrence's record
+            target.pause_recurring(name)
+        self._pausing.clear()
         if failed:  # stop: nothing is lost, and a second run moves them
             raise PublishError(
                 f"{len(failed)} message(s) were not confirmed by the new cluster ({first}); "
@@ -187,39 +192,19 @@ class Mover:
                 manager.apply(sorted(new))
             self._applied |= new
 
-    def _recurring(
-        self,
-        target: Publisher,
-        moving: Moving,
-        body: bytes,
-        headers: dict[str, Any],
-        properties: Any,
-    ) -> Moving:
-        """An occurrence: carry its schedule over (which publishes it there, at the
-        same time); one that cannot be told a schedule moves as a keyed message."""
+    def _recurring(self, moving: Moving, headers: dict[str, Any]) -> Moving:
+        """An occurrence moves as it is, at its own time, already due or not: its headers
+        carry its schedule's rule and chain, which the new cluster's journal learns from
+        its record, and a worker there chains the next one from them. A schedule paused
+        since it was published is paused there once the batch is (:meth:`_move`)."""
         try:
             occurrence = read_occurrence(headers)
         except RecurringError:
             occurrence = None
         schedule = None if occurrence is None else self._schedules.get(occurrence.name)
-        if schedule is None or schedule.state == "removed":
-            return replace(moving, action="move")
-        name = schedule.name
-        rule = schedule.rule
-        self._apply({schedule.destination})
-        content = carried_properties(properties)
-        target.add_recurring(
-            name,
-            schedule.destination,
-            body,
-            cron=rule.cron,
-            tz=rule.tz if rule.cron else None,
-            every=None if rule.every_ms is None else f"{rule.every_ms}ms",
-            first_at=None if rule.every_ms is None else datetime_of_ms(rule.anchor_ms),
-            **cast(MessageProperties, {k: v for k, v in content.items() if v is not None}),
-        )
-        if schedule.state == "paused":
-            target.pause_recurring(name)
-        if name not in self.report.recurring:
-            self.report.recurring.append(name)
-        return moving  # published there by its schedule, at the same time
+        if schedule is not None and schedule.state != "removed":
+            if schedule.state == "paused":
+                self._pausing.add(schedule.name)
+            if schedule.name not in self.report.recurring:
+                self.report.recurring.append(schedule.name)
+        return replace(moving, action="move")

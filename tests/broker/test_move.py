@@ -1,7 +1,9 @@
 """``rmqdelay move``: 10,000 waiting messages moved from the suite's RabbitMQ 3.10 to the
 4.3 node CI runs beside it, the mover killed (``SIGKILL``) half-way and run again; a
 worker on 4.3 then gets every message that should go once in effect, none early, with
-its id, body, headers, attempt and key; cancelled ones stay behind.
+its id, body, headers, attempt and key; cancelled ones stay behind. A recurring
+schedule's occurrence, due before the move, arrives there at once with its chain, and
+the worker there publishes the next one.
 
 The 4.3 node is ``RMQDELAY_MOVE_TO_URL``, else ``scripts/broker.py rmq43``'s on :5683,
 checked to be a 4.x broker (another may listen there). CI starts it beside ``make
@@ -24,7 +26,7 @@ import pika
 import pytest
 
 from rmqdelay import Context, Publisher, Settings, TopologyManager, Worker
-from rmqdelay.core.clock import now_ms
+from rmqdelay.core.clock import datetime_of_ms, now_ms
 from tests.helpers.brokerctl import server_version
 from tests.helpers.cli import CLI, rmqdelay_env
 from tests.helpers.worker_helpers import make_settings
@@ -87,7 +89,7 @@ def test_a_move_killed_half_way_and_run_again_delivers_each_once_and_never_early
             request: dict[str, Any] = {
                 "destination": dest,
                 "body": f"m{n}".encode(),
-                "delay": f"{rng.randint(10_000, 18_000)}ms",
+                "delay": f"{rng.randint(20_000, 28_000)}ms",  # past a slow publish_many
                 "message_id": f"m{n}",
                 "headers": {"n": n, "rmqdelay-attempt": 3 if n % 100 == 7 else 1},
             }
@@ -98,8 +100,17 @@ def test_a_move_killed_half_way_and_run_again_delivers_each_once_and_never_early
             sent[result.message_id] = (result.due_at_ms, request)
         gone = [f"m{n}" for n in range(0, COUNT, 200)]  # cancelled: they stay behind
         assert {r.outcome for r in publisher.cancel(*gone)} == {"cancelled"}
-        publisher.add_recurring("hourly", dest, b"report", every="1h")
+        # an hourly schedule whose occurrence falls due before the move: no worker takes
+        # it here, so it waits in the work queue, and moves already due
+        first_ms = now_ms() + 1_000
+        added = publisher.add_recurring(
+            "hourly", dest, b"report", every="1h", first_at=datetime_of_ms(first_ms)
+        )
         [schedule] = publisher.list_recurring()
+    occurrence_id = added.message_id
+    assert occurrence_id is not None
+    while now_ms() < first_ms + 1_000:  # a clock condition: the occurrence is due here
+        time.sleep(0.1)
     new = Settings(url=new_cluster, prefix=prefix, max_delay="1h")
     with TopologyManager(new) as manager:  # the guide's first step: the new topology
         manager.apply([dest])
@@ -125,19 +136,24 @@ def test_a_move_killed_half_way_and_run_again_delivers_each_once_and_never_early
     print("second run:", report)
     assert waiting(old) == 0
 
-    with Publisher(new) as publisher:  # the schedule went with its waiting occurrence
-        [carried] = publisher.list_recurring()
-    assert (carried.name, carried.destination, carried.rule) == ("hourly", dest, schedule.rule)
-    assert carried.next_occurrence(now_ms()) == schedule.next_occurrence(now_ms())
-    expected = set(sent) - set(gone)
+    expected = set(sent) - set(gone) | {occurrence_id}
     calls = asyncio.run(_handled(new, dest, expected, max(d for d, _ in sent.values())))
     ids = [c[0] for c in calls]
     assert set(ids) == expected  # every one that should go, arrived; no cancelled one
+    with Publisher(new) as publisher:  # the schedule went with its occurrence, chain and all
+        [carried] = publisher.list_recurring()
+    assert (carried.name, carried.destination, carried.rule) == ("hourly", dest, schedule.rule)
+    assert carried.chain == schedule.chain
+    # the worker there handled the occurrence and published the next one, an hour on
+    assert carried.next_occurrence(now_ms()) == first_ms + 3_600_000
     duplicates = len(ids) - len(set(ids))
     # a copy published there but not yet journaled when the first run was killed goes
     # twice (at least once): at most one batch of them
     assert duplicates <= 500, duplicates
     for message_id, due_ms, at_ms, attempt, headers, body in calls:
+        if message_id == occurrence_id:  # due before the move: sent at once there
+            assert at_ms >= first_ms and body == b"report"
+            continue
         original_due, request = sent[message_id]
         # never early; its due time there is its own (or, moved once due, the move's)
         assert at_ms >= original_due and due_ms >= original_due, message_id

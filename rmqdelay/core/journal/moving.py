@@ -29,7 +29,7 @@ DROPPED = frozenset(("ignored", "replaced", "cancelled", "duplicate", "reschedul
 class Moving:
     """What becomes of one message: ``move`` it (due at ``due_ms``), ``skip`` it (acked
     here, not sent: ``reason``), ``moved`` (its copy is there already), or ``recurring``
-    (an occurrence: its schedule is carried over, which publishes it there)."""
+    (an occurrence: moved as it is, with its chain, which carries its schedule over)."""
 
     action: Action
     destination: str
