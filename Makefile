@@ -48,10 +48,12 @@ STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BENCH := $(VENV)/.stamp-bench
 STAMP_DOCS := $(VENV)/.stamp-docs
 PYTEST_ARGS ?=
-# pytest-xdist workers: the broker suites mostly wait on the broker's TTL timers (4.3's
-# tests/broker alone: 17 % of a core, 15 min 18 s on one worker, 6 min 15 s on three);
-# every test names its own entities, so they run side by side. 0 runs in one process.
-PYTEST_WORKERS ?= 3
+# pytest-xdist workers for make test and the chroot suites: they mostly wait on the
+# broker's TTL timers (4.3's tests/broker alone: 17 % of a core, 15 min 18 s on one
+# worker, 6 min 15 s on three); every test names its own entities, so they run side by
+# side. CI runs two suites at once on 2 cores: three workers each starved the host's
+# 3.10 broker (handshakes over 15 s). 0 runs in one process.
+PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS)
 # pyproject's coverage floor ([tool.coverage.report] fail_under) holds for the full suite
 COV_FLOOR = $(if $(strip $(PYTEST_ARGS)),--cov-fail-under=0)
@@ -231,7 +233,7 @@ test-deps: broker
 		$$venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade \
 			--upgrade-strategy eager -c $$venv/constraints.txt -e '.[dev,dashboard]'; \
 		echo "== test-deps, $$end: $$($$venv/bin/python --version) $$($$venv/bin/python scripts/deps_ends.py --installed $$end) =="; \
-		( $(WITH_BROKER) $$venv/bin/pytest -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS) $(DEPS_TESTS) ) \
+		( $(WITH_BROKER) $$venv/bin/pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEPS_TESTS) ) \
 			|| { rc=1; echo "test-deps: FAILED on the $$end versions" >&2; }; \
 	done; exit $$rc
 
