@@ -51,10 +51,12 @@ PYTEST_ARGS ?=
 # pytest-xdist workers for make test and the chroot suites: they mostly wait on the
 # broker's TTL timers (4.3's tests/broker alone: 17 % of a core, 15 min 18 s on one
 # worker, 6 min 15 s on three); every test names its own entities, so they run side by
-# side. CI runs two suites at once on 2 cores: three workers each starved the host's
-# 3.10 broker (handshakes over 15 s). 0 runs in one process.
+# side. make test runs one broker test at a time (RMQDELAY_BROKER_LANES=1, see
+# tests/conftest.py: CI runs two suites at once on 2 cores, and two tests at a time
+# starved the host's 3.10 broker, handshakes over 15 s), the unit tests beside them.
+# 0 runs in one process.
 PYTEST_WORKERS ?= 2
-XDIST = -n $(PYTEST_WORKERS)
+XDIST = -n $(PYTEST_WORKERS) --dist loadgroup
 # pyproject's coverage floor ([tool.coverage.report] fail_under) holds for the full suite
 COV_FLOOR = $(if $(strip $(PYTEST_ARGS)),--cov-fail-under=0)
 DEMO_ARGS ?=
@@ -115,7 +117,7 @@ lint: venv
 
 test: venv lint broker
 	@$(WITH_BROKER) \
-	rc=0; $(VENV)/bin/pytest -q $(XDIST) --durations=15 --cov --cov-report=term $(COV_FLOOR) $(PYTEST_ARGS) || rc=$$?; \
+	rc=0; RMQDELAY_BROKER_LANES=1 $(VENV)/bin/pytest -q $(XDIST) --durations=15 --cov --cov-report=term $(COV_FLOOR) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack
 from types import ModuleType
@@ -118,6 +119,13 @@ def worker_case(shared_topology: TestTopology) -> WorkerCase:
 # --------------------------------------------------------------------------- markers
 
 
+BROKER_LANES = int(os.environ.get("RMQDELAY_BROKER_LANES") or 0)
+"""With ``--dist loadgroup`` (the Makefile's), how many pytest-xdist workers may run
+broker tests at once, a file's tests on one; 0: as many as there are. make test sets 1:
+the host's 3.10 broker, two suites beside it in CI, left AMQP handshakes unanswered for
+15 s with two of its tests at a time; the unit tests run beside them."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test by its folder: ``unit`` needs no broker, ``broker`` needs one."""
     for item in items:
@@ -126,6 +134,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.unit)
         elif "broker" in parts:
             item.add_marker(pytest.mark.broker)
+            if BROKER_LANES:
+                lane = zlib.crc32(item.path.name.encode()) % BROKER_LANES
+                item.add_marker(pytest.mark.xdist_group(f"broker-{lane}"))
         elif "cluster" in parts:  # make cluster-test; left out of the default run
             item.add_marker(pytest.mark.cluster)
         elif "browser" in parts:  # make test-browser; left out of the default run

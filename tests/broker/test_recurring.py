@@ -202,13 +202,15 @@ async def test_a_failing_occurrence_is_retried_and_parked_and_the_chain_goes_on(
     dest, settings, app, calls = case
     name = shared_topology.dest("flaky")
     failing: set[int] = set()
+    known = asyncio.Event()  # the chain's first occurrence, from add_recurring's answer
 
     @app.handler(dest, max_attempts=2, backoff=Backoff.constant("300ms"))
     async def handle(msg: object, ctx: Context) -> None:
         calls.record(msg, ctx)
         at = int(ctx.headers[OCCURRENCE])
-        if not failing:
-            failing.add(at)  # the chain's first occurrence fails, every attempt
+        # the first occurrence fails, every attempt; it may be due before add_recurring
+        # answers, and on a loaded machine come after the second (concurrency 2)
+        await known.wait()
         if at in failing:
             raise RuntimeError("this one fails")
 
@@ -222,11 +224,12 @@ async def test_a_failing_occurrence_is_retried_and_parked_and_the_chain_goes_on(
     async with case.running(concurrency=2), AsyncPublisher(settings) as publisher:
         added = await publisher.add_recurring(name, dest, b"x", every="1s")
         assert added.next_ms is not None
+        failing.add(added.next_ms)
+        known.set()
         await wait_until(lambda: len(of(False)) >= 3, 20, "three occurrences after the failing one")
         await wait_until(lambda: len(of(True)) >= 2, 20, "the failing occurrence's two attempts")
         assert (await publisher.remove_recurring(name)).outcome == "removed"
         await asyncio.sleep(0.5)
-    assert failing == {added.next_ms}
     attempts = [c.attempt for c in calls.items if int(c.headers[OCCURRENCE]) == added.next_ms]
     assert attempts == [1, 2]
     ok = sorted(int(c.headers[OCCURRENCE]) for c in calls.items if c.attempt == 1)
