@@ -48,14 +48,13 @@ STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BENCH := $(VENV)/.stamp-bench
 STAMP_DOCS := $(VENV)/.stamp-docs
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test and the chroot suites: they mostly wait on the
-# broker's TTL timers (4.3's tests/broker alone: 17 % of a core, 15 min 18 s on one
-# worker, 6 min 15 s on three); every test names its own entities, so they run side by
-# side. make test runs one broker test at a time (RMQDELAY_BROKER_LANES=1, see
-# tests/conftest.py: CI runs two suites at once on 2 cores, and two tests at a time
-# starved the host's 3.10 broker, handshakes over 15 s), the unit tests beside them.
-# 0 runs in one process.
-PYTEST_WORKERS ?= 2
+# pytest-xdist workers for make test and the chroot suites (0: one process, CI's
+# choice). Alone they mostly wait on the broker's TTL timers (4.3's tests/broker: 17 % of
+# a core, 15 min 18 s in one process, 6 min 15 s on three workers), and every test names
+# its own entities. In CI, four jobs on 2 cores: with two or three workers a suite, the
+# host's 3.10 broker left AMQP handshakes unanswered for 15 s in each of three runs, even
+# with its broker tests one at a time (RMQDELAY_BROKER_LANES=1, tests/conftest.py).
+PYTEST_WORKERS ?= 0
 XDIST = -n $(PYTEST_WORKERS) --dist loadgroup
 # pyproject's coverage floor ([tool.coverage.report] fail_under) holds for the full suite
 COV_FLOOR = $(if $(strip $(PYTEST_ARGS)),--cov-fail-under=0)

@@ -66,6 +66,7 @@ def test_every_2s_over_60s_with_three_sigkills(
             began = time.monotonic()
             kill_at = [RUN_S * (i + 1) / (KILLS + 1) for i in range(KILLS)]
             killed_in: list[str] = []
+            done_at_kill: set[int] = set()
             for at in kill_at:
                 while time.monotonic() - began < at:
                     time.sleep(0.1)
@@ -75,6 +76,10 @@ def test_every_2s_over_60s_with_three_sigkills(
                 worker.proc.send_signal(signal.SIGKILL)
                 assert worker.wait(10) == -signal.SIGKILL
                 killed_in += sorted(str(occurrence_of(m)) for m in held)
+                # on a loaded machine a handler seen halfway may end before the kill
+                # lands: done, not acked, so it runs again (at least once)
+                ended = {m for e, m, _ in events(log) if e == "done"} & held
+                done_at_kill.update(occurrence_of(m) for m in ended)
                 worker = start()
             while time.monotonic() - began < RUN_S:
                 time.sleep(0.1)
@@ -113,5 +118,7 @@ def test_every_2s_over_60s_with_three_sigkills(
     assert first == added.next_ms
     assert set(done) == chain  # none lost, none out of the chain
     assert expected <= chain
-    assert all(count == 1 for count in done.values()), done  # each once in effect
+    # each once in effect, but for a handler the kill came after (twice at most)
+    assert all(n == 1 for at, n in done.items() if at not in done_at_kill), done
+    assert all(n <= 2 for n in done.values()), done
     assert sum(runs.values()) - len(runs) >= KILLS  # the killed ones ran again
