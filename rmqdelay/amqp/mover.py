@@ -53,8 +53,6 @@ class Mover:
         self._seen: set[str] = set()
         """Destinations of the messages taken."""
         self._schedules: dict[str, RecurringSchedule] = {}
-        self._pausing: set[str] = set()
-        """Paused schedules whose occurrence this batch moves."""
 
     def queues(self) -> Iterator[str]:
         """The tiers, longest first (what leaves one goes to a shorter one, taken
@@ -149,12 +147,22 @@ class Mover:
         now = now_ms()
         plans: list[tuple[Any, Moving]] = []
         requests = []
+        pausing: set[str] = set()  # paused schedules whose occurrence this batch moves
         for item in batch:
             _channel, _method, properties, body = item
             headers = dict(properties.headers or {})
             moving = decide(old_view, copies, headers, properties.message_id or "", now)
             if moving.action == "recurring":
-                moving = self._recurring(moving, headers)
+                # it moves as it is, at its own time, already due or not: its headers
+                # carry its schedule's rule and chain, which the new cluster's journal
+                # learns from its record, and a worker there chains the next one
+                schedule = self._schedule_of(headers)
+                if schedule is not None:
+                    if schedule.state == "paused":
+                        pausing.add(schedule.name)
+                    if schedule.name not in self.report.recurring:
+                        self.report.recurring.append(schedule.name)
+                moving = replace(moving, action="move")
             if moving.action == "move":
                 carried = carried_properties(properties)
                 requests.append(request_of(moving, body, headers, carried))
@@ -175,9 +183,8 @@ class Mover:
             copies.setdefault(moving.message_id, set()).add(moving.due_ms)
             self._seen.add(moving.destination)
             self.report.count(moving)
-        for name in sorted(self._pausing):  # known there now, from its occurrence's record
+        for name in sorted(pausing):  # known there now, from its occurrence's record
             target.pause_recurring(name)
-        self._pausing.clear()
         if failed:  # stop: nothing is lost, and a second run moves them
             raise PublishError(
                 f"{len(failed)} message(s) were not confirmed by the new cluster ({first}); "
@@ -192,19 +199,12 @@ class Mover:
                 manager.apply(sorted(new))
             self._applied |= new
 
-    def _recurring(self, moving: Moving, headers: dict[str, Any]) -> Moving:
-        """An occurrence moves as it is, at its own time, already due or not: its headers
-        carry its schedule's rule and chain, which the new cluster's journal learns from
-        its record, and a worker there chains the next one from them. A schedule paused
-        since it was published is paused there once the batch is (:meth:`_move`)."""
+    def _schedule_of(self, headers: dict[str, Any]) -> RecurringSchedule | None:
+        """The schedule of an occurrence, as the old cluster's journal tells it (None:
+        unknown, or removed)."""
         try:
             occurrence = read_occurrence(headers)
         except RecurringError:
-            occurrence = None
+            return None
         schedule = None if occurrence is None else self._schedules.get(occurrence.name)
-        if schedule is not None and schedule.state != "removed":
-            if schedule.state == "paused":
-                self._pausing.add(schedule.name)
-            if schedule.name not in self.report.recurring:
-                self.report.recurring.append(schedule.name)
-        return replace(moving, action="move")
+        return None if schedule is None or schedule.state == "removed" else schedule
