@@ -35,6 +35,7 @@ from .probe import amqp_ok, tcp_open, wait_for
 
 __all__ = [
     "DEBIAN_SERVER",
+    "ENOUGH_OPEN_FILES",
     "START_TIMEOUT",
     "DebianNode",
     "can_install",
@@ -43,6 +44,7 @@ __all__ = [
     "install_server",
     "is_root",
     "plugin_listed",
+    "restart_node",
     "start_node",
     "stop_node",
     "system_node",
@@ -53,6 +55,12 @@ DEBIAN_SERVER = "/usr/sbin/rabbitmq-server"
 START_TIMEOUT = 90.0  # seconds to wait for a freshly started node
 DEFAULT_PORT = 5672
 RUN_AS = "rabbitmq"  # the package's wrapper runs the server as this user when root starts it
+OPEN_FILES = 65536
+ENOUGH_OPEN_FILES = 8192
+"""Fewer, and a suite's quorum queues can take every file handle RabbitMQ 3.10 allows:
+each reserves some, and then new connections wait in the handshake (seen at 1024)."""
+PACKAGE_ENV_FILE = Path("/etc/rabbitmq/rabbitmq-env.conf")
+SYSTEM_ENV_FILE = Path("/var/tmp/rmqdelay-system-env.conf")
 
 
 def is_root() -> bool:
@@ -189,8 +197,33 @@ def has_tool(node: DebianNode, tool: str) -> bool:
 
 
 def system_node(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> DebianNode:
-    """The package's own node (rabbit@localhost, /var/lib/rabbitmq, /etc/rabbitmq)."""
+    """The package's own node (rabbit@localhost, /var/lib/rabbitmq, /etc/rabbitmq), with
+    :data:`SYSTEM_ENV_FILE` as its environment file: the package's, then a higher
+    open-files limit, so that a node started here gets :data:`OPEN_FILES`."""
+    with contextlib.suppress(OSError):
+        text = (
+            "# /etc/rabbitmq's environment file, then a higher open-files limit (written by\n"
+            "# rmqdelay's scripts/brokers/debian.py): the package's wrapper starts the node\n"
+            "# through su, whose pam_limits cut it to 1024, and at 1024 a few hundred quorum\n"
+            "# queues leave new connections hanging in the handshake\n"
+            f"[ -f {PACKAGE_ENV_FILE} ] && . {PACKAGE_ENV_FILE}\n"
+            f"ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n $(ulimit -Hn) 2>/dev/null || true\n"
+        )
+        if not SYSTEM_ENV_FILE.exists() or SYSTEM_ENV_FILE.read_text() != text:
+            SYSTEM_ENV_FILE.write_text(text)
+            SYSTEM_ENV_FILE.chmod(0o644)
+        return DebianNode(port=port, host=host, server=DEBIAN_SERVER, env_file=SYSTEM_ENV_FILE)
     return DebianNode(port=port, host=host, server=DEBIAN_SERVER)
+
+
+def restart_node(node: DebianNode) -> float:
+    """Stop *node* and start it again (so that it reads its environment file anew); the
+    seconds it took. Its durable queues survive; its connections are closed."""
+    started = time.monotonic()
+    if not stop_node(node):
+        raise BrokerUnavailable(f"rabbitmqctl stop did not stop {node.label}")
+    start_node(node)
+    return time.monotonic() - started
 
 
 def install_server() -> None:
@@ -203,9 +236,6 @@ def install_server() -> None:
         )
         if proc.returncode != 0:
             raise BrokerUnavailable(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
-
-
-OPEN_FILES = 65536
 
 
 def _raise_nofile_limit(wanted: int = OPEN_FILES) -> None:

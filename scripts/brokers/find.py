@@ -2,6 +2,8 @@
 
 1. ``env``            -- ``$RMQDELAY_URL`` (must answer AMQP, else a hard error);
 2. ``local``          -- something already listening on 127.0.0.1:5672 (guest/guest);
+                         this machine's node, when it allows too few open files for a
+                         suite (Debian's 1024), is restarted with more (as root);
 3. ``testcontainers`` -- a container, when a Docker engine answers (see container.py);
 4. ``debian``         -- Debian's ``rabbitmq-server``, installed with apt-get when missing
                          and we are root, then started (see debian.py).  When something
@@ -34,7 +36,7 @@ from .base import (
     mask_url,
     notice,
 )
-from .probe import amqp_ok, management_ok, tcp_open, wait_for
+from .probe import amqp_ok, listener_pid, management_ok, open_files_limit, tcp_open, wait_for
 
 __all__ = ["ENV_VAR", "SOURCES", "Plan", "ensure_broker", "local_url", "plan"]
 
@@ -129,6 +131,8 @@ def _from_local(errors: list[str]) -> BrokerInfo | None:
     deadline = time.monotonic() + LOCAL_ANSWER_WAIT
     while True:
         ok, last = amqp_ok(url)
+        if ok and not _raise_local_limit(errors):
+            return None
         if ok:
             log(f"using the broker on {LOCAL_HOST}:{LOCAL_PORT}: {mask_url(url)} ({last})")
             return BrokerInfo(url=url, management_url=None, source="local")
@@ -141,6 +145,45 @@ def _from_local(errors: list[str]) -> BrokerInfo | None:
     )
     log(errors[-1])
     return None
+
+
+def _raise_local_limit(errors: list[str]) -> bool:
+    """False when the node on :data:`LOCAL_PORT` allows too few open files for a suite and
+    cannot be restarted with more (then a node of our own serves instead).
+
+    RabbitMQ 3.10 reads the limit once, at boot, and each quorum queue reserves file
+    handles: at 1024 (Debian's default through su) a few hundred queues, two suites'
+    topologies or a benchmark's, leave every new connection waiting in the handshake.
+    The system node of this machine, as root, is restarted with :data:`debian.OPEN_FILES`.
+    """
+    pid = listener_pid(LOCAL_PORT)
+    limit = None if pid is None else open_files_limit(pid)
+    if limit is None or limit >= debian.ENOUGH_OPEN_FILES:
+        return True
+    why = (
+        f"the broker on {LOCAL_HOST}:{LOCAL_PORT} allows {limit} open files; its quorum queues "
+        "reserve file handles, and a few hundred of them leave new connections waiting in "
+        "the handshake"
+    )
+    if not (debian.is_root() and _is_beam(pid) and Path(debian.DEBIAN_SERVER).exists()):
+        log(f"{why}: a suite may hang (restart it with `ulimit -n {debian.OPEN_FILES}`)")
+        return True
+    notice(f"{why}: restarting this machine's node with up to {debian.OPEN_FILES}")
+    try:
+        took = debian.restart_node(debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST))
+    except BrokerUnavailable as exc:
+        errors.append(f"{why}, and restarting it failed: {exc}")
+        log(errors[-1])
+        return False
+    pid = listener_pid(LOCAL_PORT)
+    log(f"restarted in {took:.1f}s; it allows {pid and open_files_limit(pid)} open files")
+    return True
+
+
+def _is_beam(pid: int | None) -> bool:
+    with contextlib.suppress(OSError):
+        return pid is not None and b"beam.smp" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
 
 
 def _restart_wedged(node: debian.DebianNode) -> None:

@@ -9,15 +9,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import socket
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .base import credentials, host_port, scrub
 
-__all__ = ["amqp_ok", "management_ok", "tcp_open", "wait_for"]
+__all__ = ["amqp_ok", "listener_pid", "management_ok", "open_files_limit", "tcp_open", "wait_for"]
 
 
 def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
@@ -26,6 +28,42 @@ def tcp_open(host: str, port: int, timeout: float = 1.0) -> bool:
             return True
     except OSError:
         return False
+
+
+def listener_pid(port: int, proc: Path = Path("/proc")) -> int | None:
+    """The process listening on TCP ``port`` of this machine, or None when unknown (not
+    listening, or its file descriptors unreadable: another user's process, not root)."""
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in (proc / "net" / table).read_text().splitlines()[1:]:
+                fields = line.split()
+                # local_address is HEXIP:HEXPORT; state 0A is LISTEN
+                if len(fields) > 9 and fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
+                    inodes.add(fields[9])
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    if not wanted:
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in wanted:
+                        return int(entry.name)
+    return None
+
+
+def open_files_limit(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The soft open-files limit of process ``pid``, or None when unknown (unlimited
+    counts as unknown: nothing to raise)."""
+    with contextlib.suppress(OSError):
+        for line in (proc / str(pid) / "limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                soft = line[len("Max open files") :].split()[0]
+                return int(soft) if soft.isdigit() else None
+    return None
 
 
 def _handshake(host: str, port: int, timeout: float) -> tuple[bool, str]:

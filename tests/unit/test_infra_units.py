@@ -274,3 +274,74 @@ def test_the_cluster_runs_4_3_by_default_on_ports_of_its_own(
     assert cluster.current().root is None  # 3.10 is the host's
     with pytest.raises(base.BrokerUnavailable, match=r"say 43 \(4\.3, sid chroot\)"):
         cluster.select("4.1")
+
+
+def test_the_listener_of_a_port_and_its_open_files_limit_are_read_from_proc() -> None:
+    """A real listening socket of this process: /proc names its pid and its limit."""
+    import resource
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        from brokers.probe import listener_pid, open_files_limit
+
+        assert listener_pid(port) == os.getpid()
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert open_files_limit(os.getpid()) == (None if soft < 0 else soft)
+    assert listener_pid(port) is None
+
+
+@pytest.mark.parametrize(("limit", "restarts"), [(1024, 1), (debian.ENOUGH_OPEN_FILES, 0)])
+def test_a_local_node_with_too_few_open_files_is_restarted_with_more(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], limit: int, restarts: int
+) -> None:
+    """Debian starts its node with 1024 open files, and a suite's quorum queues then leave
+    connections hanging in the handshake: this machine's node is restarted, saying so
+    first. No node is restarted here: restart_node is replaced."""
+    restarted: list[debian.DebianNode] = []
+
+    def restart_node(node: debian.DebianNode) -> float:
+        restarted.append(node)
+        return 0.5
+
+    monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
+    monkeypatch.setattr(find, "open_files_limit", lambda pid: limit)
+    monkeypatch.setattr(find, "_is_beam", lambda pid: True)
+    monkeypatch.setattr(debian, "is_root", lambda: True)
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", shutil.which("sh"))
+    monkeypatch.setattr(debian, "restart_node", restart_node)
+    errors: list[str] = []
+    assert find._raise_local_limit(errors) and not errors
+    assert len(restarted) == restarts
+    if restarts:
+        assert restarted[0].port == find.LOCAL_PORT and restarted[0].node_name is None
+        assert f"allows {limit} open files" in capsys.readouterr().err
+
+
+def test_a_node_that_cannot_be_restarted_with_more_open_files_gives_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the restart fails, the local node is not used: a node of our own serves."""
+
+    def restart_node(node: debian.DebianNode) -> float:
+        raise base.BrokerUnavailable("rabbitmqctl stop did not stop it")
+
+    monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
+    monkeypatch.setattr(find, "open_files_limit", lambda pid: 1024)
+    monkeypatch.setattr(find, "_is_beam", lambda pid: True)
+    monkeypatch.setattr(debian, "is_root", lambda: True)
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", shutil.which("sh"))
+    monkeypatch.setattr(debian, "restart_node", restart_node)
+    errors: list[str] = []
+    assert not find._raise_local_limit(errors)
+    assert "allows 1024 open files" in errors[0] and "did not stop it" in errors[0]
+
+
+def test_the_system_node_starts_with_the_packages_environment_and_more_open_files() -> None:
+    node = debian.system_node()
+    assert node.env_file == debian.SYSTEM_ENV_FILE
+    text = debian.SYSTEM_ENV_FILE.read_text()
+    assert f". {debian.PACKAGE_ENV_FILE}" in text and f"ulimit -n {debian.OPEN_FILES}" in text
+    assert node.environment()["RABBITMQ_CONF_ENV_FILE"] == str(debian.SYSTEM_ENV_FILE)
