@@ -6,10 +6,15 @@ long    delays of 10 min to 1 h (``--long-delays``), a held destination and the 
         messages fall due a second for ``--long-duration`` s, published at ``due - delay``
         (the steady workload's pacer), so the run lasts the longest delay and a little more.
         Lateness p50/p99/max, early, mean hops (``PublishResult.hops`` and ``x-death``).
-layout  side by side at ``layout_rate`` due/s, in rounds: the plain queue, held with the
-        default settings, held with ``journal_linger=0`` (a journal write per publish, as
-        before 2026-11-29), held with ``schedule_journal=false``; broker CPU per message
-        and lateness. (Held without the tier queues below the hold window, deleted after
+layout  side by side at ``layout_rate`` due/s, in rounds, where a held destination's
+        broker CPU goes: the plain queue; the same through a topic exchange with rmqdelay's
+        key and headers (``plain-topic``); held with the default settings (``held``);
+        held with delays under the hold window, no hop (``held0``); the same drained by a
+        bare aio-pika consumer that acks at once, so the journal is written and not read
+        (``held0-bare``); and by the Worker with ``schedule_journal=false``
+        (``held0-nojournal``). Broker CPU per message and lateness. (``journal_linger=0``,
+        a journal write per publish, cost 2.12 x plain against 1.73 with the linger,
+        2026-11-29.) (Held without the tier queues below the hold window, deleted after
         ``topology apply``, cost the same as held: 1.90 x plain against 1.85 x, 2026-11-29,
         commit 99b732d; it is measured idle only now.) Before them, the
         broker idle (nothing of ours running) with no topology, the default topology and
@@ -39,6 +44,10 @@ from bench.suite import (
 
 SETTLE_S = 2.0
 """After declaring or deleting queues, before the broker's idle CPU counts."""
+NO_HOP_MAX_MS = 2500
+"""The longest delay of the ``held0`` configs: under the hold window (2.56 s), no hop."""
+BARE = 5064
+"""The bare consumer's prefetch: the Worker's for a held destination (64 + max_held)."""
 
 
 async def run_long(suite: Suite) -> None:
@@ -83,11 +92,15 @@ async def run_long(suite: Suite) -> None:
 async def run_layout(suite: Suite) -> None:
     s = suite.sizes
     results: dict[str, Any] = {"idle": await idle_topologies(suite)}
+    plain = zero_delay(s, s.layout_duration_s)
+    unheld = _sizes(suite, NO_HOP_MAX_MS)
     configs: list[Config] = [
-        ("plain", lambda: PlainPeer(suite.url, s.queue_type), zero_delay(s, s.layout_duration_s)),
+        ("plain", lambda: PlainPeer(suite.url, s.queue_type), plain),
+        ("plain-topic", lambda: PlainPeer(suite.url, s.queue_type, topic=True), plain),
         ("held", lambda: _rmq(suite, held=True), _sizes(suite)),
-        ("held-nolinger", lambda: _rmq(suite, held=True, journal_linger_ms=0), _sizes(suite)),
-        ("held-nojournal", lambda: _rmq(suite, held=True, journal=False), _sizes(suite)),
+        ("held0", lambda: _rmq(suite, held=True), unheld),
+        ("held0-bare", lambda: _rmq(suite, held=True, worker="aiopika", prefetch=BARE), unheld),
+        ("held0-nojournal", lambda: _rmq(suite, held=True, journal=False), unheld),
     ]
     table, descriptions = await side_by_side(configs, (s.layout_rate,), s.layout_rounds, "layout")
     results["configs"], results["descriptions"] = table[str(s.layout_rate)], descriptions
@@ -103,15 +116,17 @@ async def run_layout(suite: Suite) -> None:
         "rounds": s.layout_rounds,
         "idle_s": s.layout_idle_s,
         "delays_ms": [s.min_delay_ms, s.max_delay_ms],
+        "held0_delays_ms": [s.min_delay_ms, NO_HOP_MAX_MS],
         "worker_concurrency": s.worker_concurrency,
         "worker_prefetch": s.worker_prefetch,
     }
     suite.write("layout", params, results)
 
 
-def _sizes(suite: Suite) -> Any:
+def _sizes(suite: Suite, max_delay_ms: int | None = None) -> Any:
     s = suite.sizes
-    return lambda rate: s.steady_sizes(rate, s.layout_duration_s)
+    top = s.max_delay_ms if max_delay_ms is None else max_delay_ms
+    return lambda rate: s.steady_sizes(rate, s.layout_duration_s, max_delay_ms=top)
 
 
 async def idle_topologies(suite: Suite) -> dict[str, Any]:

@@ -620,6 +620,7 @@ def _early(figures: Figures) -> Iterator[int]:
             continue
         ours = parts[0] in ("e2e", "radix", "scale", "long")
         ours = ours or parts[1].startswith(("rmqdelay", "held"))
+        ours = ours and not parts[1].endswith("-bare")  # a diagnostic consumer that holds none
         if ours or (parts[0] == "engine43" and "tiers" in parts):  # the tiers, on 4.3
             yield f["value"]
 
