@@ -330,6 +330,47 @@ class CpuMeter:
         self.result = out
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a process spent until it went quiet, and its rate then (CPU s per s)."""
+
+    cpu_s: float
+    wall_s: float
+    rate: float
+
+
+SETTLE_WINDOW_S = 1.0
+SETTLE_MAX_S = 10.0
+SETTLE_MARGIN = 0.002
+"""CPU s per s: a window within this of the one before it is as quiet as the broker gets."""
+
+
+async def settle(pid: int | None, max_s: float = SETTLE_MAX_S) -> Settled | None:
+    """Wait until a process goes quiet: :data:`SETTLE_WINDOW_S` windows until one uses no
+    more CPU than the one before it (within :data:`SETTLE_MARGIN`), or ``max_s``.
+
+    A broker keeps working for seconds after a run's last message (Raft snapshots, segment
+    writes, a stream's chunks): before a run this keeps the previous run's tail out of it,
+    after a run it is that run's own, and its last window is the broker's idle rate.
+    """
+    import asyncio
+
+    if pid is None or (start := proc_cpu_seconds(pid)) is None:
+        return None
+    began, last, previous = time.perf_counter(), start, None
+    while True:
+        await asyncio.sleep(SETTLE_WINDOW_S)
+        now = proc_cpu_seconds(pid)
+        if now is None:
+            return None
+        rate, last = (now - last) / SETTLE_WINDOW_S, now
+        wall = time.perf_counter() - began
+        quiet = previous is not None and rate <= previous + SETTLE_MARGIN
+        if quiet or wall >= max_s:
+            return Settled(cpu_s=now - start, wall_s=wall, rate=rate)
+        previous = rate
+
+
 async def idle_cpu_rate(pid: int | None, seconds: float = 0.5) -> float | None:
     """CPU seconds per second a process uses while we send it nothing (its background)."""
     import asyncio

@@ -67,6 +67,7 @@ from bench.common import (
     masked,
     now_ms,
     quantiles,
+    settle,
 )
 from bench.keys import OPT_IN, WORKLOADS
 from bench.peers import PEER_NAMES, make_peer
@@ -292,15 +293,20 @@ async def steady_repeats(
         counters_before = _counters(peer)
         extra_pids: dict[str, int] = getattr(peer, "cpu_pids", dict)()
         pids = {"broker": broker_pid(), "client": os.getpid(), **extra_pids}
-        idle = await idle_cpu_rate(pids["broker"])  # the broker is shared: its background
+        before = await settle(pids["broker"])  # the previous run's tail is that run's
         with CpuMeter(pids) as meter:
             summary, records = await steady_run(
                 peer, sizes, seed=sizes.seed + 17 * k, tag=f"{tag}{k}"
             )
+        after = await settle(pids["broker"])  # this run's tail: the broker's work after it
         result = dict(meter.result)
-        if idle is not None and result.get("broker_cpu_s") is not None:
+        if before and after and result.get("broker_cpu_s") is not None:
+            idle = min(before.rate, after.rate)  # the broker's background, its quietest second
             result["broker_idle_cpu_per_s"] = round(idle, 3)
-            result["broker_net_cpu_s"] = round(result["broker_cpu_s"] - idle * result["wall_s"], 3)
+            result["broker_tail_cpu_s"] = round(after.cpu_s, 3)
+            result["broker_tail_s"] = round(after.wall_s, 1)
+            spent = result["broker_cpu_s"] + after.cpu_s
+            result["broker_net_cpu_s"] = round(spent - idle * (result["wall_s"] + after.wall_s), 3)
         summary["cpu"] = _per_message(result, summary["received"])
         summary["hops"] = _counters_delta(peer, counters_before)
         runs.append(summary)
