@@ -156,8 +156,7 @@ def _raise_local_limit(errors: list[str]) -> bool:
     topologies or a benchmark's, leave every new connection waiting in the handshake.
     The system node of this machine, as root, is restarted with :data:`debian.OPEN_FILES`.
     """
-    pid = listener_pid(LOCAL_PORT)
-    limit = None if pid is None else open_files_limit(pid)
+    pid, limit = _local_limit()
     if limit is None or limit >= debian.ENOUGH_OPEN_FILES:
         return True
     why = (
@@ -168,16 +167,34 @@ def _raise_local_limit(errors: list[str]) -> bool:
     if not (debian.is_root() and _is_beam(pid) and Path(debian.DEBIAN_SERVER).exists()):
         log(f"{why}: a suite may hang (restart it with `ulimit -n {debian.OPEN_FILES}`)")
         return True
-    notice(f"{why}: restarting this machine's node with up to {debian.OPEN_FILES}")
-    try:
-        took = debian.restart_node(debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST))
-    except BrokerUnavailable as exc:
-        errors.append(f"{why}, and restarting it failed: {exc}")
-        log(errors[-1])
-        return False
-    pid = listener_pid(LOCAL_PORT)
-    log(f"restarted in {took:.1f}s; it allows {pid and open_files_limit(pid)} open files")
+    with _restart_lock():  # pytest-xdist workers each look: one restarts, the rest see it
+        limit = _local_limit()[1]
+        if limit is not None and limit >= debian.ENOUGH_OPEN_FILES:
+            return True
+        notice(f"{why}: restarting this machine's node with up to {debian.OPEN_FILES}")
+        try:
+            took = debian.restart_node(debian.system_node(port=LOCAL_PORT, host=LOCAL_HOST))
+        except BrokerUnavailable as exc:
+            errors.append(f"{why}, and restarting it failed: {exc}")
+            log(errors[-1])
+            return False
+    log(f"restarted in {took:.1f}s; it allows {_local_limit()[1]} open files")
     return True
+
+
+def _local_limit() -> tuple[int | None, int | None]:
+    """The pid listening on :data:`LOCAL_PORT` and its open-files limit (None: unknown)."""
+    pid = listener_pid(LOCAL_PORT)
+    return pid, None if pid is None else open_files_limit(pid)
+
+
+@contextlib.contextmanager
+def _restart_lock() -> Iterator[None]:
+    import fcntl
+
+    with open(f"{debian.SYSTEM_ENV_FILE}.lock", "a") as lock:  # as root: /var/tmp
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _is_beam(pid: int | None) -> bool:

@@ -307,6 +307,7 @@ def test_a_local_node_with_too_few_open_files_is_restarted_with_more(
         return 0.5
 
     monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
+    # the limit read again under the lock (another worker may have restarted it): still low
     monkeypatch.setattr(find, "open_files_limit", lambda pid: limit)
     monkeypatch.setattr(find, "_is_beam", lambda pid: True)
     monkeypatch.setattr(debian, "is_root", lambda: True)
@@ -345,3 +346,24 @@ def test_the_system_node_starts_with_the_packages_environment_and_more_open_file
     text = debian.SYSTEM_ENV_FILE.read_text()
     assert f". {debian.PACKAGE_ENV_FILE}" in text and f"ulimit -n {debian.OPEN_FILES}" in text
     assert node.environment()["RABBITMQ_CONF_ENV_FILE"] == str(debian.SYSTEM_ENV_FILE)
+
+
+def test_a_node_another_process_restarted_meanwhile_is_not_restarted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pytest-xdist workers each find the low limit; the one that waited on the lock reads
+    it again and finds the node restarted by another."""
+    restarted: list[debian.DebianNode] = []
+
+    def restart_node(node: debian.DebianNode) -> float:
+        restarted.append(node)
+        return 0.0
+
+    limits = iter([1024, 20000])
+    monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
+    monkeypatch.setattr(find, "open_files_limit", lambda pid: next(limits))
+    monkeypatch.setattr(find, "_is_beam", lambda pid: True)
+    monkeypatch.setattr(debian, "is_root", lambda: True)
+    monkeypatch.setattr(debian, "DEBIAN_SERVER", shutil.which("sh"))
+    monkeypatch.setattr(debian, "restart_node", restart_node)
+    assert find._raise_local_limit([]) and restarted == []
