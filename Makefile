@@ -48,8 +48,8 @@ STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BENCH := $(VENV)/.stamp-bench
 STAMP_DOCS := $(VENV)/.stamp-docs
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test and the chroot suites (0: one process; CI runs 2,
-# .ci/run). Alone they mostly wait on the broker's TTL timers (4.3's tests/broker: 17 % of
+# pytest-xdist workers for make test and the chroot suites (0: one process, as in CI:
+# .ci/run says why). Alone they mostly wait on the broker's TTL timers (4.3's tests/broker: 17 % of
 # a core, 15 min 18 s in one process, 6 min 15 s on three workers), and every test names
 # its own entities. make test runs its broker tests one at a time beside the unit tests
 # (RMQDELAY_BROKER_LANES=1, tests/conftest.py).
