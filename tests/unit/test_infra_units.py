@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -293,51 +294,75 @@ def test_the_listener_of_a_port_and_its_open_files_limit_are_read_from_proc() ->
     assert listener_pid(port) is None
 
 
-@pytest.mark.parametrize(("limit", "restarts"), [(1024, 1), (debian.ENOUGH_OPEN_FILES, 0)])
-def test_a_local_node_with_too_few_open_files_is_restarted_with_more(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], limit: int, restarts: int
-) -> None:
-    """Debian starts its node with 1024 open files, and a suite's quorum queues then leave
-    connections hanging in the handshake: this machine's node is restarted, saying so
-    first. No node is restarted here: restart_node is replaced."""
-    restarted: list[debian.DebianNode] = []
+@dataclass
+class _LocalNode:
+    """This machine's node on :5672 as ``find`` sees it, with ``restart_node`` replaced:
+    no node is restarted here."""
 
-    def restart_node(node: debian.DebianNode) -> float:
-        restarted.append(node)
+    limits: list[int]
+    """What ``open_files_limit`` answers, in turn; the last one stays."""
+    fails: str = ""
+    """When set, ``restart_node`` raises BrokerUnavailable with it."""
+    restarted: list[debian.DebianNode] = field(default_factory=list)
+
+
+@pytest.fixture
+def local_node(monkeypatch: pytest.MonkeyPatch) -> _LocalNode:
+    node = _LocalNode(limits=[1024])
+
+    def open_files_limit(pid: int) -> int:
+        return node.limits.pop(0) if len(node.limits) > 1 else node.limits[0]
+
+    def restart_node(target: debian.DebianNode) -> float:
+        if node.fails:
+            raise base.BrokerUnavailable(node.fails)
+        node.restarted.append(target)
         return 0.5
 
     monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
-    # the limit read again under the lock (another worker may have restarted it): still low
-    monkeypatch.setattr(find, "open_files_limit", lambda pid: limit)
+    monkeypatch.setattr(find, "open_files_limit", open_files_limit)
     monkeypatch.setattr(find, "_is_beam", lambda pid: True)
     monkeypatch.setattr(debian, "is_root", lambda: True)
     monkeypatch.setattr(debian, "DEBIAN_SERVER", shutil.which("sh"))
     monkeypatch.setattr(debian, "restart_node", restart_node)
+    return node
+
+
+@pytest.mark.parametrize(("limit", "restarts"), [(1024, 1), (debian.ENOUGH_OPEN_FILES, 0)])
+def test_a_local_node_with_too_few_open_files_is_restarted_with_more(
+    local_node: _LocalNode, capsys: pytest.CaptureFixture[str], limit: int, restarts: int
+) -> None:
+    """Debian starts its node with 1024 open files, and a suite's quorum queues then leave
+    connections hanging in the handshake: this machine's node is restarted, saying so
+    first."""
+    # read again under the lock (another worker may have restarted it): still the same
+    local_node.limits = [limit]
     errors: list[str] = []
     assert find._raise_local_limit(errors) and not errors
-    assert len(restarted) == restarts
+    assert len(local_node.restarted) == restarts
     if restarts:
-        assert restarted[0].port == find.LOCAL_PORT and restarted[0].node_name is None
+        restarted = local_node.restarted[0]
+        assert restarted.port == find.LOCAL_PORT and restarted.node_name is None
         assert f"allows {limit} open files" in capsys.readouterr().err
 
 
 def test_a_node_that_cannot_be_restarted_with_more_open_files_gives_way(
-    monkeypatch: pytest.MonkeyPatch,
+    local_node: _LocalNode,
 ) -> None:
     """When the restart fails, the local node is not used: a node of our own serves."""
-
-    def restart_node(node: debian.DebianNode) -> float:
-        raise base.BrokerUnavailable("rabbitmqctl stop did not stop it")
-
-    monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
-    monkeypatch.setattr(find, "open_files_limit", lambda pid: 1024)
-    monkeypatch.setattr(find, "_is_beam", lambda pid: True)
-    monkeypatch.setattr(debian, "is_root", lambda: True)
-    monkeypatch.setattr(debian, "DEBIAN_SERVER", shutil.which("sh"))
-    monkeypatch.setattr(debian, "restart_node", restart_node)
+    local_node.fails = "rabbitmqctl stop did not stop it"
     errors: list[str] = []
     assert not find._raise_local_limit(errors)
     assert "allows 1024 open files" in errors[0] and "did not stop it" in errors[0]
+
+
+def test_a_node_another_process_restarted_meanwhile_is_not_restarted_again(
+    local_node: _LocalNode,
+) -> None:
+    """pytest-xdist workers each find the low limit; the one that waited on the lock reads
+    it again and finds the node restarted by another."""
+    local_node.limits = [1024, 20000]
+    assert find._raise_local_limit([]) and local_node.restarted == []
 
 
 def test_the_system_node_starts_with_the_packages_environment_and_more_open_files() -> None:
@@ -346,24 +371,3 @@ def test_the_system_node_starts_with_the_packages_environment_and_more_open_file
     text = debian.SYSTEM_ENV_FILE.read_text()
     assert f". {debian.PACKAGE_ENV_FILE}" in text and f"ulimit -n {debian.OPEN_FILES}" in text
     assert node.environment()["RABBITMQ_CONF_ENV_FILE"] == str(debian.SYSTEM_ENV_FILE)
-
-
-def test_a_node_another_process_restarted_meanwhile_is_not_restarted_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """pytest-xdist workers each find the low limit; the one that waited on the lock reads
-    it again and finds the node restarted by another."""
-    restarted: list[debian.DebianNode] = []
-
-    def restart_node(node: debian.DebianNode) -> float:
-        restarted.append(node)
-        return 0.0
-
-    limits = iter([1024, 20000])
-    monkeypatch.setattr(find, "listener_pid", lambda port: 4242)
-    monkeypatch.setattr(find, "open_files_limit", lambda pid: next(limits))
-    monkeypatch.setattr(find, "_is_beam", lambda pid: True)
-    monkeypatch.setattr(debian, "is_root", lambda: True)
-    monkeypatch.setattr(debian, "DEBIAN_SERVER", shutil.which("sh"))
-    monkeypatch.setattr(debian, "restart_node", restart_node)
-    assert find._raise_local_limit([]) and restarted == []
