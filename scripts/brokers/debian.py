@@ -61,6 +61,11 @@ ENOUGH_OPEN_FILES = 8192
 each reserves some, and then new connections wait in the handshake (seen at 1024)."""
 PACKAGE_ENV_FILE = Path("/etc/rabbitmq/rabbitmq-env.conf")
 SYSTEM_ENV_FILE = Path("/var/tmp/rmqdelay-system-env.conf")
+RAISE_OPEN_FILES = (
+    f"ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n $(ulimit -Hn) 2>/dev/null || true\n"
+)
+"""The environment file's line that raises the node's open-files limit (the hard one at
+most)."""
 
 
 def is_root() -> bool:
@@ -128,8 +133,7 @@ class DebianNode:
         (host_home / "rabbitmq-env.conf").write_text(
             "# this node's settings are in the environment; the package's wrapper starts\n"
             "# it through su, whose pam_limits cuts open files to 1024, and at 1024 a few\n"
-            "# hundred queues leave new connections hanging in the handshake\n"
-            f"ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n $(ulimit -Hn) 2>/dev/null || true\n"
+            "# hundred queues leave new connections hanging in the handshake\n" + RAISE_OPEN_FILES
         )
         return cls(
             port=port,
@@ -206,8 +210,7 @@ def system_node(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> DebianNode
             "# rmqdelay's scripts/brokers/debian.py): the package's wrapper starts the node\n"
             "# through su, whose pam_limits cut it to 1024, and at 1024 a few hundred quorum\n"
             "# queues leave new connections hanging in the handshake\n"
-            f"[ -f {PACKAGE_ENV_FILE} ] && . {PACKAGE_ENV_FILE}\n"
-            f"ulimit -n {OPEN_FILES} 2>/dev/null || ulimit -n $(ulimit -Hn) 2>/dev/null || true\n"
+            f"[ -f {PACKAGE_ENV_FILE} ] && . {PACKAGE_ENV_FILE}\n" + RAISE_OPEN_FILES
         )
         if not SYSTEM_ENV_FILE.exists() or SYSTEM_ENV_FILE.read_text() != text:
             SYSTEM_ENV_FILE.write_text(text)

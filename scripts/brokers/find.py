@@ -213,9 +213,9 @@ def _restart_wedged(node: debian.DebianNode) -> None:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if b"beam.smp" in (entry / "cmdline").read_bytes() and wanted in (
-                entry / "environ"
-            ).read_bytes().split(b"\0"):
+            if _is_beam(int(entry.name)) and wanted in (entry / "environ").read_bytes().split(
+                b"\0"
+            ):
                 os.kill(int(entry.name), signal.SIGKILL)
     if not wait_for(lambda: not tcp_open(node.host, node.port), 30.0):
         raise BrokerUnavailable(f"{node.label} did not stop after kill -9")
