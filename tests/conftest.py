@@ -122,8 +122,9 @@ def worker_case(shared_topology: TestTopology) -> WorkerCase:
 BROKER_LANES = int(os.environ.get("RMQDELAY_BROKER_LANES") or 0)
 """With ``--dist loadgroup`` (the Makefile's), how many pytest-xdist workers may run
 broker tests at once, a file's tests on one; 0: as many as there are. make test sets 1
-(``PYTEST_WORKERS=2 make test``: the unit tests beside one broker test at a time, which
-the host's 3.10 broker takes best; the Makefile says why CI runs one process)."""
+(``PYTEST_WORKERS=2 make test``: the unit tests beside one broker test at a time, so
+tests that change the node's settings, as the consumer timeout's, never overlap; .ci/run
+says why CI runs one process)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
