@@ -105,7 +105,7 @@ class RmqdelayPeer:
             "destinations": [],
             "connection_name": self.prefix,
             "schedule_journal": journal,
-            **({} if journal_linger_ms is None else {"journal_linger": journal_linger_ms}),
+            **({} if journal_linger_ms is None else {"journal_linger": f"{journal_linger_ms}ms"}),
             "held_destinations": [DESTINATION] if held else [],
         }
         self.settings = Settings(**self.settings_kwargs)  # validates now; creates nothing

@@ -126,14 +126,16 @@ class Settings:
         ``scheduled list`` and ``cancel``; off saves one small write per publish.""",
     )
     journal_linger: int = setting(
-        5,
+        20,
         read.duration_ms,
-        """How long an asyncio publisher's journal record waits for the next publishes'
-        records, to go with them in one stream write (a write costs the broker about as
-        much for one record as for three); the messages do not wait. 0: a write per
-        publish. A caller awaiting each publish in turn does not wait for it. The blocking
-        publisher writes a batch's records at once. A duration (``5ms``; a bare number is
-        seconds, as for every duration).""",
+        """The shortest time between two journal writes of an asyncio publisher: a record
+        that comes sooner after the last write waits for the rest of it and goes with the
+        records that came meanwhile, as one stream write (each write costs the broker a
+        write and a read by every worker, whatever it holds); the messages do not wait.
+        A record after a quiet linger goes at once, and so does that of a caller awaiting
+        each publish in turn. 0: a write per publish. The blocking publisher writes a
+        batch's records at once. A duration (``20ms``; a bare number is seconds, as for
+        every duration).""",
     )
     journal_bodies: bool = setting(
         True,

@@ -66,6 +66,13 @@ async def _written(linger: JournalLinger, write: Prepared) -> Outcome:
     return await asyncio.shield(linger.add(write))
 
 
+async def _just_wrote(linger: JournalLinger, recorder: Recorder) -> None:
+    """Have ``linger`` write now, so that what comes next waits out the linger (a record
+    after a quiet linger goes at once)."""
+    await asyncio.wait_for(_written(linger, _write([9])), 5)
+    recorder.sent.clear()
+
+
 class Recorder:
     """A sender that records what it was given and answers with ``answer``."""
 
@@ -92,6 +99,7 @@ async def test_writes_within_the_linger_go_as_one_and_each_gets_its_outcome() ->
 async def test_a_full_write_goes_at_once_and_never_over_the_records_per_write() -> None:
     recorder = Recorder()
     linger = JournalLinger(60.0, recorder)  # only the count can send it
+    await _just_wrote(linger, recorder)
     big = _write([0] * (RECORDS_PER_WRITE - 1))
     first = asyncio.ensure_future(_written(linger, big))
     second = asyncio.ensure_future(_written(linger, _write([0, 0])))  # would overflow: alone
@@ -115,6 +123,7 @@ async def test_a_failed_write_fails_every_publish_it_recorded() -> None:
 async def test_close_sends_what_is_pending_and_waits_for_it() -> None:
     recorder = Recorder()
     linger = JournalLinger(60.0, recorder)
+    await _just_wrote(linger, recorder)
     pending = asyncio.ensure_future(_written(linger, _write([1])))
     await asyncio.sleep(0)
     await linger.close()
@@ -136,6 +145,7 @@ async def test_a_publish_in_turn_sends_its_record_once_its_messages_are_done() -
     """A caller awaiting each publish in turn waits for its message, not the linger."""
     recorder = Recorder()
     linger = JournalLinger(60.0, recorder)
+    await _just_wrote(linger, recorder)
     linger.returned()  # the caller's last publish returned just now
     with linger.publishing():
         written = linger.add(_write([1]))
@@ -145,24 +155,38 @@ async def test_a_publish_in_turn_sends_its_record_once_its_messages_are_done() -
     assert len(recorder.sent) == 1
 
 
-async def test_other_records_wait_for_the_linger() -> None:
-    """The first publish, or one long after the last returned, may get company: it waits."""
+async def test_a_record_after_a_quiet_linger_goes_at_once() -> None:
+    """A service publishing now and then waits for no one: nothing was written within
+    the linger, so its record goes on the loop's next turn."""
     recorder = Recorder()
-    linger = JournalLinger(0.2, recorder)
+    linger = JournalLinger(60.0, recorder)
     with linger.publishing():  # nothing returned before: not a caller's next
         one = linger.add(_write([1]))
+    await asyncio.wait_for(one, 5)
+    assert [[p.journal_records for p in batch] for batch in recorder.sent] == [[1]]
+
+
+async def test_records_soon_after_a_write_wait_for_the_rest_of_the_linger() -> None:
+    """At most one write a linger: the records that come within it go together."""
+    recorder = Recorder()
+    linger = JournalLinger(0.2, recorder)
+    first = linger.add(_write([1]))
+    await asyncio.wait_for(first, 5)  # the first went at once
+    with linger.publishing():  # not in turn: no caller's return before it
+        two = linger.add(_write([2]))
     await asyncio.sleep(0.01)  # the last return is 10 ms old: not in turn either
     with linger.publishing():
-        two = linger.add(_write([2]))
+        three = linger.add(_write([3, 4]))
     await asyncio.sleep(0.05)
-    assert recorder.sent == []
-    await asyncio.wait_for(asyncio.gather(one, two), 5)
-    assert [[p.journal_records for p in batch] for batch in recorder.sent] == [[2]]
+    assert len(recorder.sent) == 1  # both wait: the last write is younger than the linger
+    await asyncio.wait_for(asyncio.gather(two, three), 5)
+    assert [[p.journal_records for p in batch] for batch in recorder.sent] == [[1], [3]]
 
 
 async def test_a_publish_beside_another_in_flight_is_not_in_turn() -> None:
     recorder = Recorder()
     linger = JournalLinger(60.0, recorder)
+    await _just_wrote(linger, recorder)
     other = linger.publishing()
     other.__enter__()  # another publish in flight, begun long ago
     linger.returned()
