@@ -1,13 +1,17 @@
 """What the schedule journal costs and guarantees, measured side by side in one run.
 
     python -m bench.journal                      # everything, the figures the README shows
-    python -m bench.journal --only rate,lead     # parts: rate, list, lead
+    python -m bench.journal --only rate,lead     # parts: rate, list, lead, linger
 
 - ``rate``: ``Publisher.publish_many`` with the journal on and off, alternating rounds into
   two prefixes of the same layout; the median of each and their ratio.
 - ``list``: ``scheduled list`` (the Python call and the CLI) over N journal records.
 - ``lead``: the smallest lead, cancel confirmed to due time, at which a running worker
   honoured every one of 1,000 cancels (batches of 1,000 messages due at one instant).
+- ``linger``: ``AsyncPublisher.publish_many`` called as the e2e workload's pacer calls it
+  (a task every 5 ms with the messages due to go, 500 a second, delays 1 to 4 s), with
+  ``journal_linger`` 0, 5 ms and 20 ms: journal writes a second, and each call's time
+  (p50, p99): what the linger saves the broker, and what it costs a publish.
 
 Each part cleans up its prefixes. Results go to ``bench/results/journal.json``.
 """
@@ -91,6 +95,94 @@ def measure_rate(url: str, count: int, repeats: int) -> dict[str, Any]:
         f"{result['off_msgs_per_s']:,.0f} msgs/s, ratio {result['ratio']:.2f} "
         f"(publish_many of {count}, median of {repeats})"
     )
+    return result
+
+
+# ------------------------------------------------------------------ linger
+
+
+async def _paced(settings: Settings, rate: int, seconds: float) -> dict[str, Any]:
+    """Publish as the e2e pacer does; each call's time, and the journal's writes."""
+    import random
+
+    from rmqdelay import AsyncPublisher
+
+    rng = random.Random(7)
+    times: list[float] = []
+    total = int(rate * seconds)
+    async with AsyncPublisher(settings) as publisher:
+
+        async def call(requests: list[dict[str, Any]]) -> None:
+            began = time.perf_counter()
+            await publisher.publish_many(requests)
+            times.append((time.perf_counter() - began) * 1000)
+
+        tasks, sent, started = [], 0, time.perf_counter()
+        while sent < total:
+            due = min(total, int((time.perf_counter() - started) * rate))
+            requests = [
+                {"destination": "linger", "body": BODY, "delay": rng.uniform(1, 4)}
+                for _ in range(sent, due)
+            ]
+            sent = due
+            if requests:
+                tasks.append(asyncio.create_task(call(requests)))
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - started
+    times.sort()
+    return {
+        "messages": total,
+        "calls": len(times),
+        "wall_s": round(wall, 2),
+        "call_p50_ms": round(times[len(times) // 2], 1),
+        "call_p99_ms": round(times[int(len(times) * 0.99)], 1),
+    }
+
+
+def _journal_writes(settings: Settings) -> int:
+    """Stream messages in the journal (each write is one): the last offset, plus one."""
+    import pika
+
+    from rmqdelay.core.journal.records import journal_name
+
+    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
+    last = -1
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=1000)
+
+        def seen(ch: Any, method: Any, properties: Any, body: bytes) -> None:
+            nonlocal last
+            last = max(last, int(properties.headers["x-stream-offset"]))
+
+        channel.basic_consume(
+            journal_name(settings.layout), seen, arguments={"x-stream-offset": "last"}
+        )
+        connection.process_data_events(time_limit=0.5)  # the last chunk comes at once
+    finally:
+        connection.close()
+    return last + 1
+
+
+def measure_linger(url: str, rate: int, seconds: float) -> dict[str, Any]:
+    result: dict[str, Any] = {"rate": rate, "seconds": seconds}
+    for linger in ("0", "5ms", "20ms"):
+        settings = _settings(url, f"linger{linger}", journal_linger=linger)
+        _apply(settings, ["linger"])
+        try:
+            before = _journal_writes(settings)  # what topology apply wrote
+            got = asyncio.run(_paced(settings, rate, seconds))
+            writes = _journal_writes(settings) - before
+            got["writes_per_s"] = round(writes / got["wall_s"], 1)
+        finally:
+            _destroy(settings)
+        result[linger] = got
+        print(
+            f"linger {linger}: {got['writes_per_s']:g} journal writes/s for {rate} msgs/s; "
+            f"publish_many p50 {got['call_p50_ms']} ms, p99 {got['call_p99_ms']} ms "
+            f"({got['calls']} calls)"
+        )
     return result
 
 
@@ -239,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=100_000, help="journal records to list")
     parser.add_argument("--leads", default="500,200,100,50,20,10,5", help="target leads, ms")
     parser.add_argument("--lead-messages", type=int, default=1000)
+    parser.add_argument("--linger-rate", type=int, default=500, help="linger: publishes/s")
+    parser.add_argument("--linger-seconds", type=float, default=8.0)
     args = parser.parse_args(argv)
     parts = set(args.only.split(","))
     results: dict[str, Any] = {"when": datetime.now(timezone.utc).isoformat()}
@@ -251,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if "lead" in parts:
         leads = [int(x) for x in args.leads.split(",")]
         results["lead"] = measure_lead(args.url, leads, args.lead_messages)
+    if "linger" in parts:
+        results["linger"] = measure_linger(args.url, args.linger_rate, args.linger_seconds)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0

@@ -102,7 +102,7 @@ class JournalLinger:
     once). A record after a quiet ``linger_s`` goes at once, so a service publishing now
     and then waits for no one, and one publishing many a second pays about one stream
     write per ``linger_s``: every write is read back by each worker's journal tail, and a
-    read costs the broker about what the write did (230 and 300 µs, 3.10, this machine).
+    read costs the broker about what the write did.
 
     A caller awaiting each publish in turn gets no company in the linger: its next record
     cannot come before this publish returns. Such a publish (it began within
