@@ -102,7 +102,7 @@ def measure_rate(url: str, count: int, repeats: int) -> dict[str, Any]:
 
 
 async def _paced(settings: Settings, rate: int, seconds: float) -> dict[str, Any]:
-    """Publish as the e2e pacer does; each call's time, and the journal's writes."""
+    """Publish as the e2e pacer does; each call's time, and the journal's writes a second."""
     import random
 
     from rmqdelay import AsyncPublisher
@@ -110,6 +110,7 @@ async def _paced(settings: Settings, rate: int, seconds: float) -> dict[str, Any
     rng = random.Random(7)
     times: list[float] = []
     total = int(rate * seconds)
+    before = await _journal_writes(settings)  # what topology apply wrote
     async with AsyncPublisher(settings) as publisher:
 
         async def call(requests: list[dict[str, Any]]) -> None:
@@ -130,39 +131,30 @@ async def _paced(settings: Settings, rate: int, seconds: float) -> dict[str, Any
             await asyncio.sleep(0.005)
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - started
+    writes = await _journal_writes(settings) - before
     times.sort()
     return {
         "messages": total,
         "calls": len(times),
         "wall_s": round(wall, 2),
+        "writes_per_s": round(writes / wall, 1),
         "call_p50_ms": round(times[len(times) // 2], 1),
         "call_p99_ms": round(times[int(len(times) * 0.99)], 1),
     }
 
 
-def _journal_writes(settings: Settings) -> int:
-    """Stream messages in the journal (each write is one): the last offset, plus one."""
-    import pika
+async def _journal_writes(settings: Settings) -> int:
+    """Stream messages in the journal (each write is one): its last offset, plus one."""
+    import aio_pika
 
+    from rmqdelay.amqp.journal import stream_end
     from rmqdelay.core.journal.records import journal_name
 
-    connection = pika.BlockingConnection(pika.URLParameters(settings.url.get_secret_value()))
-    last = -1
+    connection = await aio_pika.connect(settings.url.get_secret_value())
     try:
-        channel = connection.channel()
-        channel.basic_qos(prefetch_count=1000)
-
-        def seen(ch: Any, method: Any, properties: Any, body: bytes) -> None:
-            nonlocal last
-            last = max(last, int(properties.headers["x-stream-offset"]))
-
-        channel.basic_consume(
-            journal_name(settings.layout), seen, arguments={"x-stream-offset": "last"}
-        )
-        connection.process_data_events(time_limit=0.5)  # the last chunk comes at once
+        return await stream_end(connection, journal_name(settings.layout)) + 1
     finally:
-        connection.close()
-    return last + 1
+        await connection.close()
 
 
 def measure_linger(url: str, rate: int, seconds: float) -> dict[str, Any]:
@@ -171,10 +163,7 @@ def measure_linger(url: str, rate: int, seconds: float) -> dict[str, Any]:
         settings = _settings(url, f"linger{linger}", journal_linger=linger)
         _apply(settings, ["linger"])
         try:
-            before = _journal_writes(settings)  # what topology apply wrote
             got = asyncio.run(_paced(settings, rate, seconds))
-            writes = _journal_writes(settings) - before
-            got["writes_per_s"] = round(writes / got["wall_s"], 1)
         finally:
             _destroy(settings)
         result[linger] = got
