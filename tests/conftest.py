@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack
 from types import ModuleType
@@ -20,6 +19,7 @@ import pytest
 from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker
 
 from tests.helpers.brokerctl import BrokerAdmin, make_prefix, release_prefix, server_version
+from tests.helpers.consumer_timeouts import node_share
 from tests.helpers.worker_helpers import SharedTopology, TestTopology, WorkerCase
 
 pytest_plugins = ["tests.helpers.cluster_support"]  # the local_cluster fixture of tests/cluster
@@ -119,25 +119,33 @@ def worker_case(shared_topology: TestTopology) -> WorkerCase:
 # --------------------------------------------------------------------------- markers
 
 
-BROKER_LANES = int(os.environ.get("RMQDELAY_BROKER_LANES") or 0)
-"""With ``--dist loadgroup`` (the Makefile's), how many pytest-xdist workers may run
-broker tests at once, a file's tests on one; 0: as many as there are. make test sets 1
-(``PYTEST_WORKERS=2 make test``: the unit tests beside one broker test at a time, so
-tests that change the node's settings, as the consumer timeout's, never overlap; .ci/run
-says why CI runs one process)."""
+@pytest.fixture(autouse=True)
+def _node_share(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test on the broker shares its node with the tests beside it, or has it to itself
+    when marked ``whole_node`` (it changes the node's settings: consumer_timeouts.py)."""
+    if "broker" not in request.fixturenames:
+        yield
+        return
+    info: BrokerInfo = request.getfixturevalue("broker")
+    whole = request.node.get_closest_marker("whole_node") is not None
+    with node_share(info.url, whole=whole):
+        yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test by its folder: ``unit`` needs no broker, ``broker`` needs one."""
+    """Mark each test by its folder: ``unit`` needs no broker, ``broker`` needs one.
+
+    With ``--dist loadgroup`` (the Makefile's), a broker test file's tests run on one
+    pytest-xdist worker, in order, on one module topology; the files and the unit tests
+    are spread over the workers. Tests that change the whole node wait for the rest
+    (``node_share``)."""
     for item in items:
         parts = item.path.parts
         if "unit" in parts:
             item.add_marker(pytest.mark.unit)
         elif "broker" in parts:
             item.add_marker(pytest.mark.broker)
-            if BROKER_LANES:
-                lane = zlib.crc32(item.path.name.encode()) % BROKER_LANES
-                item.add_marker(pytest.mark.xdist_group(f"broker-{lane}"))
+            item.add_marker(pytest.mark.xdist_group(f"broker-{item.path.name}"))
         elif "cluster" in parts:  # make cluster-test; left out of the default run
             item.add_marker(pytest.mark.cluster)
         elif "browser" in parts:  # make test-browser; left out of the default run

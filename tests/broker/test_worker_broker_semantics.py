@@ -28,11 +28,11 @@ import pika
 import pytest
 from prometheus_client import REGISTRY
 
-from rmqdelay import AsyncPublisher, Backoff, Requeue, WorkerError, WorkerHook
+from rmqdelay import AsyncPublisher, Backoff, Requeue, WorkerError
 from rmqdelay.amqp.consumers import consuming
 from rmqdelay.worker.context import Context
 from tests.helpers.brokerctl import BrokerAdmin, BrokerAdminError
-from tests.helpers.consumer_timeouts import NodeTimeout, by_consumer_argument
+from tests.helpers.consumer_timeouts import NodeTimeout, ShortTimeoutOnce, by_consumer_argument
 from tests.helpers.worker_helpers import (
     TestTopology,
     parking_queue,
@@ -150,6 +150,7 @@ async def test_a_message_given_back_at_shutdown_costs_a_delivery_only_before_4_3
 # --------------------------------------------------------------------------- consumer timeout
 
 
+@pytest.mark.whole_node
 async def test_each_version_takes_back_a_message_past_the_consumer_timeout_its_own_way(
     amqp_url: str, prefix: str, broker_version: tuple[int, ...], admin: BrokerAdmin
 ) -> None:
@@ -207,22 +208,6 @@ async def test_each_version_takes_back_a_message_past_the_consumer_timeout_its_o
     assert counts == ([0, 0] if by_consumer_argument(broker_version) else [1, 1]), counts
 
 
-class _ShortTimeoutOnce(WorkerHook):
-    """Before 4.3: the node-wide consumer timeout short while the worker's first channel
-    opens (each channel reads it once), so only its first session times out."""
-
-    def __init__(self, node: NodeTimeout) -> None:
-        self.node = node
-        self.connects = 0
-
-    async def on_connect(self, connection: Any, lost: asyncio.Event) -> None:
-        self.connects += 1  # the consuming channel opens right after the hooks
-        if self.connects == 1:
-            await self.node.shorten_async(TIMEOUT_MS)
-        elif self.connects == 2:  # the reconnect after the timeout may come within it
-            await asyncio.to_thread(self.node.unshorten)
-
-
 @pytest.fixture
 def node_timeout(admin: BrokerAdmin, broker_version: tuple[int, ...]) -> Iterator[NodeTimeout]:
     node = NodeTimeout(admin)
@@ -237,6 +222,7 @@ def _timeouts(destination: str) -> float:
     return REGISTRY.get_sample_value("rmqdelay_consumer_timeouts_total", labels) or 0.0
 
 
+@pytest.mark.whole_node
 @pytest.mark.parametrize("first_handling", ["returns", "raises"])
 async def test_a_handler_past_the_consumer_timeout_is_called_once_and_nothing_is_lost(
     shared_topology: TestTopology,
@@ -254,7 +240,7 @@ async def test_a_handler_past_the_consumer_timeout_is_called_once_and_nothing_is
     dropped, not handled, and handled once from their redelivery.
     """
     new = by_consumer_argument(broker_version)
-    hooks = [] if new else [_ShortTimeoutOnce(node_timeout)]
+    hooks = [] if new else [ShortTimeoutOnce(node_timeout, TIMEOUT_MS)]
     case = shared_topology.worker(options={"hooks": hooks, "backoff": Backoff.constant("200ms")})
     dest, settings, app, calls = case
     # past the timeout; on 4.3 shorter than two (the redelivery waits under a timeout too)

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from rmqdelay import AsyncPublisher, Backoff, WorkerHook
+from rmqdelay import AsyncPublisher, Backoff
 from rmqdelay.core.clock import now_ms
 from rmqdelay.worker.context import Context
 from tests.broker.test_worker_held import INSIDE_MS, LATE_MS, held_case, held_gauge
 from tests.helpers.brokerctl import BrokerAdmin
-from tests.helpers.consumer_timeouts import NodeTimeout, by_consumer_argument
+from tests.helpers.consumer_timeouts import NodeTimeout, ShortTimeoutOnce, by_consumer_argument
 from tests.helpers.worker_helpers import (
     TestTopology,
     drain,
@@ -179,21 +179,7 @@ async def test_a_held_message_rescheduled_later_or_earlier_is_handled_once_at_it
         assert new_due[message_id] <= at <= new_due[message_id] + LATE_MS, (message_id, at)
 
 
-class _ShortTimeoutOnce(WorkerHook):
-    """Before 4.3: the node-wide consumer timeout short while the worker's first channel
-    opens (each channel reads it once), so only its first session times out."""
-
-    def __init__(self, node: NodeTimeout, timeout_ms: int) -> None:
-        self.node, self.timeout_ms, self.connects = node, timeout_ms, 0
-
-    async def on_connect(self, connection: Any, lost: asyncio.Event) -> None:
-        self.connects += 1
-        if self.connects == 1:
-            await self.node.shorten_async(self.timeout_ms)
-        elif self.connects == 2:
-            await asyncio.to_thread(self.node.unshorten)
-
-
+@pytest.mark.whole_node
 async def test_a_held_message_taken_back_by_the_consumer_timeout_is_held_again_for_the_rest(
     shared_topology: TestTopology,
     admin: BrokerAdmin,
@@ -209,7 +195,7 @@ async def test_a_held_message_taken_back_by_the_consumer_timeout_is_held_again_f
     node = NodeTimeout(admin)
     if not new:
         node.require()
-    hooks = [] if new else [_ShortTimeoutOnce(node, timeout_ms)]
+    hooks = [] if new else [ShortTimeoutOnce(node, timeout_ms)]
     case = held_case(shared_topology, options={"hooks": hooks})
     dest, settings, app, _calls = case
     handled = _Handled()

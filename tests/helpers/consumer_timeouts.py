@@ -13,19 +13,30 @@
 
 Changing the node needs ``rabbitmqctl eval`` there: the host's node on :5672 (as root),
 or a node in its chroot (``scripts/brokers/chroot.py``: 4.0 on :5682).
+
+A test that does so is marked ``whole_node``: :func:`node_share` (every broker test's,
+through ``tests/conftest.py``) lets it run alone on its node while the other tests of the
+suite's pytest-xdist workers, and of any suite beside it on that node, wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from rmqdelay.worker import WorkerHook
 from tests.helpers.brokerctl import BrokerAdmin
 
 WINDOW_MS = 10_000
@@ -39,6 +50,42 @@ SAVED = "rmqdelay_tests_saved"
 """The ``rabbit`` application key that keeps the node's own timeout and tick."""
 TOKEN = "rmqdelay_tests_token"
 """The latest :meth:`NodeTimeout.shorten`: an earlier one's timers must not undo it."""
+
+
+_WHOLE: set[str] = set()
+"""The nodes (``host:port``) this process has to itself now (:func:`node_share`)."""
+
+
+def _node(amqp_url: str) -> str:
+    parts = urllib.parse.urlsplit(amqp_url)
+    default = 5671 if parts.scheme == "amqps" else 5672
+    return f"{parts.hostname or 'localhost'}:{parts.port or default}"
+
+
+@contextmanager
+def node_share(amqp_url: str, *, whole: bool) -> Iterator[None]:
+    """Hold the node for one test: shared, or ``whole`` (no other test on it meanwhile).
+
+    A readers-writer lock of two ``flock`` files, so it holds across processes: the
+    suite's pytest-xdist workers and the other suites on the node (CI runs ``test-deps``
+    beside the 4.3 suite). The gate stops new sharers while a whole-node test waits, so
+    it waits for the tests under way only.
+    """
+    node = _node(amqp_url)
+    stem = Path(tempfile.gettempdir()) / f"rmqdelay-tests-{node.replace(':', '-')}"
+    with open(f"{stem}.gate", "a") as gate, open(f"{stem}.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if whole else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        if whole:
+            _WHOLE.add(node)
+        try:
+            yield
+        finally:
+            _WHOLE.discard(node)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def by_consumer_argument(version: tuple[int, ...]) -> bool:
@@ -74,6 +121,7 @@ class NodeTimeout:
     """The node-wide consumer timeout of a 3.10 or 4.0 broker, made short for a moment."""
 
     def __init__(self, admin: BrokerAdmin) -> None:
+        self.node = _node(admin.amqp_url)
         self.command = _ctl_command(admin)
         self._tick: str | None = None
         """What the tick was: ``{ok,60000}`` or ``undefined``."""
@@ -87,6 +135,12 @@ class NodeTimeout:
             if os.environ.get("CI"):
                 pytest.fail(why, pytrace=False)
             pytest.skip(why)
+        if self.node not in _WHOLE:
+            pytest.fail(
+                "a test that shortens the node-wide consumer timeout changes every channel "
+                "opened meanwhile: mark it @pytest.mark.whole_node so it runs alone on its node",
+                pytrace=False,
+            )
 
     def _eval(self, expression: str) -> str:
         assert self.command is not None
@@ -160,3 +214,18 @@ class NodeTimeout:
         assert f"now={tick} {timeout}" in said.replace(", ", ","), (
             f"the node's tick and consumer timeout are not back to {tick} {timeout}: {said!r}"
         )
+
+
+class ShortTimeoutOnce(WorkerHook):
+    """Before 4.3: the node-wide consumer timeout short while the worker's first channel
+    opens (each channel reads it once), so only its first session times out."""
+
+    def __init__(self, node: NodeTimeout, timeout_ms: int) -> None:
+        self.node, self.timeout_ms, self.connects = node, timeout_ms, 0
+
+    async def on_connect(self, connection: Any, lost: asyncio.Event) -> None:
+        self.connects += 1  # the consuming channel opens right after the hooks
+        if self.connects == 1:
+            await self.node.shorten_async(self.timeout_ms)
+        elif self.connects == 2:  # the reconnect after the timeout may come within it
+            await asyncio.to_thread(self.node.unshorten)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -371,3 +372,56 @@ def test_the_system_node_starts_with_the_packages_environment_and_more_open_file
     text = debian.SYSTEM_ENV_FILE.read_text()
     assert f". {debian.PACKAGE_ENV_FILE}" in text and f"ulimit -n {debian.OPEN_FILES}" in text
     assert node.environment()["RABBITMQ_CONF_ENV_FILE"] == str(debian.SYSTEM_ENV_FILE)
+
+
+def test_a_whole_node_test_waits_for_the_tests_under_way_and_new_ones_wait_for_it(
+    prefix: str,
+) -> None:
+    """node_share is a readers-writer lock across processes (flock: each open file is its
+    own holder, so threads stand in for the suites' processes here)."""
+    import threading
+
+    from tests.helpers.consumer_timeouts import node_share
+
+    url = f"amqp://guest:guest@{prefix}.invalid:1/%2F"  # a lock file of this test's own
+    order: list[str] = []
+    sharing, whole_waits, release_first = threading.Event(), threading.Event(), threading.Event()
+    got_whole, release_whole, late_started = threading.Event(), threading.Event(), threading.Event()
+
+    def first() -> None:
+        with node_share(url, whole=False):
+            order.append("shared")
+            sharing.set()
+            release_first.wait(10)
+        order.append("shared done")
+
+    def whole() -> None:
+        sharing.wait(10)
+        whole_waits.set()
+        with node_share(url, whole=True):
+            order.append("whole")
+            got_whole.set()
+            release_whole.wait(10)
+            order.append("whole done")
+
+    def late() -> None:
+        late_started.set()
+        with node_share(url, whole=False):
+            order.append("late")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=whole)]
+    for thread in threads:
+        thread.start()
+    whole_waits.wait(10)
+    assert not got_whole.wait(0.5), "the whole-node test did not wait for the shared one"
+    threads.append(threading.Thread(target=late))
+    threads[-1].start()
+    late_started.wait(10)
+    release_first.set()
+    assert got_whole.wait(10)
+    release_whole.set()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["shared", "shared done", "whole", "whole done", "late"]
+    for leftover in Path(tempfile.gettempdir()).glob(f"rmqdelay-tests-{prefix}.invalid-1.*"):
+        leftover.unlink()
