@@ -48,12 +48,12 @@ STAMP_DEV := $(VENV)/.stamp-dev
 STAMP_BENCH := $(VENV)/.stamp-bench
 STAMP_DOCS := $(VENV)/.stamp-docs
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test and the chroot suites (0: one process, as in CI:
-# .ci/run says why). Alone they mostly wait on the broker's TTL timers (4.3's tests/broker: 17 % of
-# a core, 15 min 18 s in one process, 6 min 15 s on three workers), and every test names
-# its own entities. make test runs its broker tests one at a time beside the unit tests
-# (RMQDELAY_BROKER_LANES=1, tests/conftest.py).
-PYTEST_WORKERS ?= 0
+# pytest-xdist workers for make test and the chroot suites (0: one process). The suites
+# wait on the broker's TTL timers far more than they compute (4.3's tests/broker: 17 % of
+# a core, 15 min 18 s in one process, 6 min 15 s on three workers); a broker test file
+# runs on one worker, and a test that changes the whole node (whole_node) runs alone on
+# it (tests/conftest.py).
+PYTEST_WORKERS ?= 2
 XDIST = -n $(PYTEST_WORKERS) --dist loadgroup
 # pyproject's coverage floor ([tool.coverage.report] fail_under) holds for the full suite
 COV_FLOOR = $(if $(strip $(PYTEST_ARGS)),--cov-fail-under=0)
@@ -115,7 +115,7 @@ lint: venv
 
 test: venv lint broker
 	@$(WITH_BROKER) \
-	rc=0; RMQDELAY_BROKER_LANES=1 $(VENV)/bin/pytest -q $(XDIST) --durations=15 --cov --cov-report=term $(COV_FLOOR) $(PYTEST_ARGS) || rc=$$?; \
+	rc=0; $(VENV)/bin/pytest -q $(XDIST) --durations=15 --cov --cov-report=term $(COV_FLOOR) $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); that is a failure" >&2; fi; \
 	exit $$rc
 
