@@ -89,8 +89,8 @@ def test_every_2s_over_60s_with_three_sigkills(
                 # acked, so it runs again (at least once). A worker logs a handling
                 # once its ack is sent.
                 acked = {m for w in workers for m in acked_ids(w.output)}
-                done = {m for e, m, _ in events(log) if e == "done"}
-                done_at_kill.update(occurrence_of(m) for m in (done & held) | (done - acked))
+                ended = {m for e, m, _ in events(log) if e == "done"}
+                done_at_kill.update(occurrence_of(m) for m in (ended & held) | (ended - acked))
                 worker = start()
             while time.monotonic() - began < RUN_S:
                 time.sleep(0.1)
