@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from aio_pika.abc import AbstractIncomingMessage
 from typing_extensions import Unpack
 
 from ..core import clock
+from ..core.handling.handlers import HandlerSpec
 from ..core.publishing.outgoing import PublishOptions, PublishResult
+from .delivery import Delivery
 
 __all__ = ["Context"]
 
+_HANDLER_LOG = logging.getLogger("rmqdelay.handler")
 PublishFn = Callable[..., Coroutine[Any, Any, PublishResult]]
 
 
@@ -95,6 +99,32 @@ class Context:
             self._publish(destination, body, **options), self._loop
         )
         return future.result(timeout)
+
+
+def handler_context(
+    spec: HandlerSpec,
+    message: AbstractIncomingMessage,
+    delivery: Delivery,
+    publish: PublishFn,
+    loop: asyncio.AbstractEventLoop | None,
+) -> Context:
+    """The context a worker gives ``spec``'s handler for this delivery."""
+    return Context(
+        message_id=delivery.message_id,
+        destination=spec.destination,
+        attempt=delivery.attempt,
+        max_attempts=spec.policy.max_attempts,
+        due_at=delivery.due_at,
+        lateness=delivery.lateness,
+        headers=delivery.headers,
+        redelivered=delivery.redelivered,
+        body=message.body,
+        content_type=message.content_type,
+        correlation_id=message.correlation_id,
+        logger=logging.LoggerAdapter(_HANDLER_LOG, delivery.fields),
+        _publish=publish,
+        _loop=loop,
+    )
 
 
 def _on_loop_thread(loop: asyncio.AbstractEventLoop) -> bool:

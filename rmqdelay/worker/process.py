@@ -24,7 +24,7 @@ from ..core.handling.handlers import HandlerSpec
 from ..core.handling.hold import hold_action
 from ..core.handling.retry import Decision, decide
 from ..core.handling.takeback import Claim, Key, TakenBack, key_of
-from .context import Context
+from .context import handler_context
 from .delivery import Delivery, read_delivery
 from .holding import Held, Holder, redelay
 from .hooks import HANDLE, Admission, Hooks, Settled
@@ -36,7 +36,6 @@ from .slots import Slots
 __all__ = ["Processor"]
 
 log = logging.getLogger("rmqdelay.worker")
-_handler_log = logging.getLogger("rmqdelay.handler")
 _WAIT_POLL_S = 0.5
 """How often a held redelivery checks whether it was taken back or the worker stops."""
 
@@ -212,15 +211,9 @@ class Processor:
             if received_ms != delivery.received_ms:
                 delivery = dataclasses.replace(delivery, received_ms=received_ms)
             await self._handle(session, spec, message, delivery, key)
-        except Exception:
-            # A bug of ours, not the handler's: never leave the message unacked for good.
-            log.exception(
-                "internal error; requeueing the message", extra={"queue": spec.destination}
-            )
-            acks = session.settler.acks
-            if not acks.settled(message) and not session.taken_back(message):
-                with contextlib.suppress(*SETTLE_ERRORS):
-                    await acks.reject(message, requeue=True)
+        except Exception:  # a bug of ours, not the handler's
+            log.exception("internal error; requeueing the message", extra=delivery.fields)
+            await self._requeue(session, message)
         finally:
             self.busy -= 1
             self._slots.release()
@@ -268,20 +261,33 @@ class Processor:
         outcome: Outcome,
     ) -> None:
         """Settle a redelivery with the outcome of the handling the broker took it back
-        from: no second call of the handler. Should this settling fail too (the
-        connection lost meanwhile), the outcome waits for the next redelivery."""
+        from: no second call of the handler. Should this settling fail too, or the
+        session end first (its publisher closed), the outcome waits for the next one."""
         decision, failure, _seconds = outcome
+        if session.taken_back(message):
+            self.taken.finished(key, outcome, now_ms())
+            return
         log.info(
             "a redelivery of a message whose handling ended after the broker took it back: "
             "settled with that handling's outcome (%s), without calling the handler again",
             decision.action,
             extra=delivery.fields,
         )
-        # no handler ran for this delivery (its time was counted with the first one's)
-        settled = await session.settler.settle(spec, message, delivery, decision, failure, None)
+        try:  # no handler ran for this delivery (its time was counted with the first one's)
+            settled = await session.settler.settle(spec, message, delivery, decision, failure, None)
+        except Exception as exc:  # aiormq's drain of a closing channel: a bare Exception
+            settled = Settled("returned", problem=f"settling it failed ({exc!r})")
+            await self._requeue(session, message)
         self.hooks.settled(delivery, settled)
         if settled.outcome == "returned":
             self.taken.finished(key, outcome, now_ms())
+
+    @staticmethod
+    async def _requeue(session: Session, message: AbstractIncomingMessage) -> None:
+        """Never leave a message unacked for good (unless the broker has it back)."""
+        if not session.settler.acks.settled(message) and not session.taken_back(message):
+            with contextlib.suppress(Exception):
+                await session.settler.acks.reject(message, requeue=True)
 
     async def _handle(
         self,
@@ -414,23 +420,8 @@ class Processor:
     ) -> None:
         args: tuple[Any, ...] = (value,)
         if spec.wants_context:
-            ctx = Context(
-                message_id=delivery.message_id,
-                destination=spec.destination,
-                attempt=delivery.attempt,
-                max_attempts=spec.policy.max_attempts,
-                due_at=delivery.due_at,
-                lateness=delivery.lateness,
-                headers=delivery.headers,
-                redelivered=delivery.redelivered,
-                body=message.body,
-                content_type=message.content_type,
-                correlation_id=message.correlation_id,
-                logger=logging.LoggerAdapter(_handler_log, delivery.fields),
-                _publish=session.publisher.publish,
-                _loop=self.loop,
-            )
-            args = (value, ctx)
+            publish = session.publisher.publish
+            args = (value, handler_context(spec, message, delivery, publish, self.loop))
         if spec.is_async:
             await spec.func(*args)
         else:

@@ -29,6 +29,9 @@ class _Session:
     def __init__(self, settler: _Settler) -> None:
         self.settler = settler
 
+    def taken_back(self, _message: object) -> bool:
+        return False
+
 
 DELIVERY = Delivery("jobs", "m-1", 1, 1_000, 1_000, {}, True)
 KEY = key_of("m-1", 1_000, 1)
@@ -96,3 +99,58 @@ async def test_a_handling_whose_settling_the_connection_cut_leaves_its_outcome()
         cast(Any, session), cast(Any, None), cast(Any, _Message()), DELIVERY, KEY
     )
     assert processor.taken.claim(KEY, 0) == RETRY  # for the redelivery, not a second call
+
+
+class _Acks:
+    def __init__(self) -> None:
+        self.rejected: list[bool] = []
+
+    def settled(self, _message: object) -> bool:
+        return False
+
+    async def reject(self, _message: object, *, requeue: bool) -> None:
+        self.rejected.append(requeue)
+
+
+class _FailingSession(_Session):
+    """Settling raises what aiormq's drain raises when a channel closes under it."""
+
+    def __init__(self, *, lost: bool) -> None:
+        super().__init__(_Settler())
+        self.lost = lost
+        self.settler.acks = _Acks()  # type: ignore[attr-defined]
+
+        async def failing(*args: Any) -> Settled:
+            self.settler.decisions.append(args[3])
+            raise Exception
+
+        self.settler.settle = failing  # type: ignore[method-assign]
+
+    def taken_back(self, _message: object) -> bool:
+        return self.lost
+
+
+async def test_a_redelivery_whose_settling_raises_keeps_the_outcome_and_is_requeued() -> None:
+    """Seen in CI: the retry copy's publisher closed with the session, then the reject
+    raised; the outcome was lost and the next redelivery called the handler again."""
+    processor = Processor(1, Hooks([]), asyncio.Event())
+    processor.taken.took_back(KEY)
+    processor.taken.finished(KEY, RETRY, 0)
+    session = _FailingSession(lost=False)
+    await _settle(processor, session)  # does not raise
+    assert [d.action for d in session.settler.decisions] == ["retry"]
+    assert session.settler.acks.rejected == [True]  # type: ignore[attr-defined]
+    assert processor.taken.claim(KEY, 0) == RETRY  # for the next redelivery
+
+
+async def test_a_redelivery_on_a_session_that_is_ending_is_left_to_the_broker() -> None:
+    """A session lost (its publisher closing) does not settle: a requeue there would come
+    straight back to it, again and again, until its connection closed."""
+    processor = Processor(1, Hooks([]), asyncio.Event())
+    processor.taken.took_back(KEY)
+    processor.taken.finished(KEY, RETRY, 0)
+    session = _FailingSession(lost=True)
+    await _settle(processor, session)
+    assert session.settler.decisions == []
+    assert session.settler.acks.rejected == []  # type: ignore[attr-defined]
+    assert processor.taken.claim(KEY, 0) == RETRY
