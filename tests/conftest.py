@@ -19,7 +19,7 @@ import pytest
 from broker import BrokerInfo, BrokerUnavailable, SecretUrl, ensure_broker
 
 from tests.helpers.brokerctl import BrokerAdmin, make_prefix, release_prefix, server_version
-from tests.helpers.consumer_timeouts import node_share
+from tests.helpers.consumer_timeouts import by_consumer_argument, node_share
 from tests.helpers.worker_helpers import SharedTopology, TestTopology, WorkerCase
 
 pytest_plugins = ["tests.helpers.cluster_support"]  # the local_cluster fixture of tests/cluster
@@ -122,12 +122,15 @@ def worker_case(shared_topology: TestTopology) -> WorkerCase:
 @pytest.fixture(autouse=True)
 def _node_share(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test on the broker shares its node with the tests beside it, or has it to itself
-    when marked ``whole_node`` (it changes the node's settings: consumer_timeouts.py)."""
+    when marked ``whole_node`` on a version whose consumer timeout is node-wide (before
+    4.3: consumer_timeouts.py)."""
     if "broker" not in request.fixturenames:
         yield
         return
     info: BrokerInfo = request.getfixturevalue("broker")
     whole = request.node.get_closest_marker("whole_node") is not None
+    if whole and by_consumer_argument(request.getfixturevalue("broker_version")):
+        whole = False  # its consumer's own timeout: nothing node-wide changes
     with node_share(info.url, whole=whole):
         yield
 
