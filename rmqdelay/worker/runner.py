@@ -249,9 +249,10 @@ class RunningWorker:
                 if not self._stop.is_set():
                     self.ready.clear()
                     log.warning(
-                        "lost the connection to %s; reconnecting (the broker redelivers "
+                        "lost the connection to %s%s; reconnecting (the broker redelivers "
                         "what was in flight)",
                         self.settings.masked_url,
+                        f" ({session.lost_error})" if session.lost_error else "",
                     )
                     self._processor.holder.taken_back(session, None)
                     await session.close(self.hooks)

@@ -115,6 +115,8 @@ class Session:
     cut_off: str | None = None
     """The address of a node that stopped confirming: to try after the others."""
     lost_cause: Cause = "connection lost"
+    lost_error: str = ""
+    """What the broker or the client said when the session ended, for the log."""
     own_cancels: set[str] = field(default_factory=set)
     """Consumer tags the worker cancelled itself (at shutdown): their messages stay held."""
     closing: bool = False
@@ -210,6 +212,8 @@ class Session:
         if self._told:
             return
         self._told = True
+        if error is not None:  # an address in it, with its password masked
+            self.lost_error = mask_url(str(error) or repr(error))
         if is_consumer_timeout(error):
             self.lost_cause = "consumer timeout"
         if not self.closing:
