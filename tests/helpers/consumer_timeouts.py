@@ -218,7 +218,11 @@ class NodeTimeout:
 
 class ShortTimeoutOnce(WorkerHook):
     """Before 4.3: the node-wide consumer timeout short while the worker's first channel
-    opens (each channel reads it once), so only its first session times out."""
+    opens (each channel reads it once), so only its first session times out.
+
+    The timeout is back once that session ends, before the next one's hooks open their
+    channels: the worker's journal tail, opened within the window, once timed out too
+    (its catch-up is acked with the next record), and ended the second session."""
 
     def __init__(self, node: NodeTimeout, timeout_ms: int) -> None:
         self.node, self.timeout_ms, self.connects = node, timeout_ms, 0
@@ -227,5 +231,9 @@ class ShortTimeoutOnce(WorkerHook):
         self.connects += 1  # the consuming channel opens right after the hooks
         if self.connects == 1:
             await self.node.shorten_async(self.timeout_ms)
-        elif self.connects == 2:  # the reconnect after the timeout may come within it
+        elif self.connects == 2:  # should the unshorten below have been cut short
+            await asyncio.to_thread(self.node.unshorten)
+
+    async def on_disconnect(self) -> None:
+        if self.connects == 1:
             await asyncio.to_thread(self.node.unshorten)

@@ -393,7 +393,7 @@ def test_a_whole_node_test_waits_for_the_tests_under_way_and_new_ones_wait_for_i
             order.append("shared")
             sharing.set()
             release_first.wait(10)
-        order.append("shared done")
+            order.append("shared done")
 
     def whole() -> None:
         sharing.wait(10)
