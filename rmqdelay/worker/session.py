@@ -293,7 +293,7 @@ class Session:
 
     async def close(self, hooks: Hooks) -> None:
         """Each step bounded: a node cut off from the majority may never answer a close."""
-        self.closing = True
+        self.closing = self.settler.closing = True
         for step in (self.publisher.close(), hooks.disconnect(), self.connection.close()):
             with contextlib.suppress(Exception):
                 await bounded(step, _CLOSE_S)

@@ -100,6 +100,9 @@ class Settler:
         self.confirm_timeout = confirm_timeout
         self.acks = acks
         """Every ack, reject and nack of the session's deliveries goes through it."""
+        self.closing = False
+        """The session is ending: its publisher closes, so what a copy's publish raises
+        now says nothing of the message (never park it for that: the broker redelivers)."""
 
     async def skip(self, message: AbstractIncomingMessage) -> Settled:
         """Ack a delivery a hook skipped, without handling it."""
@@ -145,11 +148,9 @@ class Settler:
         try:
             try:
                 await self._publish_copy(job, delivery.attempt, at_ms=due_ms)
-            except PublisherClosedError as exc:
-                await self.acks.reject(message, requeue=True)
-                problem = f"the forwarded copy was not confirmed ({exc})"
-                return job.settled("returned", reason, problem=problem)
             except RmqDelayError as exc:
+                if self.closing or isinstance(exc, PublisherClosedError):
+                    return await self._unconfirmed(job, reason, "forwarded copy", exc)
                 why = f"{reason}; the forwarded copy could not be published: {exc}"
                 return await self._park(job, Decision("park", delivery.attempt, reason=why))
             await self.acks.ack(message)
@@ -177,11 +178,9 @@ class Settler:
             if decision.action == "retry":
                 try:
                     await self._republish(job, decision)
-                except PublisherClosedError as exc:
-                    await self.acks.reject(message, requeue=True)
-                    problem = f"the retry was not confirmed ({exc})"
-                    return job.settled("returned", decision.reason, problem=problem)
                 except RmqDelayError as exc:  # unroutable, nacked, or a delay over max_delay
+                    if self.closing or isinstance(exc, PublisherClosedError):
+                        return await self._unconfirmed(job, decision.reason, "retry", exc)
                     reason = f"{decision.reason}; the retry could not be published: {exc}"
                     decision = Decision("park", delivery.attempt, reason=reason)
                 else:
@@ -190,6 +189,14 @@ class Settler:
             return await self._park(job, decision)
         except SETTLE_ERRORS as exc:
             return job.settled("returned", decision.reason, problem=_unsettled(exc))
+
+    async def _unconfirmed(self, job: _Job, reason: str, what: str, exc: Exception) -> Settled:
+        """A copy not confirmed: this delivery back to its queue (at least once); left
+        to the connection's close when the session ends (a requeue would come straight
+        back to it)."""
+        if not self.closing:
+            await self.acks.reject(job.message, requeue=True)
+        return job.settled("returned", reason, problem=f"the {what} was not confirmed ({exc})")
 
     async def _republish(self, job: _Job, decision: Decision) -> None:
         """Send the message round the delay tiers again, as the next attempt."""

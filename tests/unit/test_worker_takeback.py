@@ -1,7 +1,8 @@
 """A redelivery settled with the outcome of a handling the broker took back: should that
 settling fail too (the connection lost again), the outcome waits for the next redelivery
 instead of the handler being called a second time (seen in CI: a consumer timeout, then a
-lost connection while the retry copy was published)."""
+lost connection while the retry copy was published). A retry copy whose session ends
+under it is not the message's fault: it goes back to the broker, never to parking."""
 
 from __future__ import annotations
 
@@ -154,3 +155,55 @@ async def test_a_redelivery_on_a_session_that_is_ending_is_left_to_the_broker() 
     assert session.settler.decisions == []
     assert session.settler.acks.rejected == []  # type: ignore[attr-defined]
     assert processor.taken.claim(KEY, 0) == RETRY
+
+
+class _Publisher:
+    """A publisher whose copy fails as ``error`` (the transport, not the API)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    async def publish(self, *_args: Any, **_kwargs: Any) -> None:
+        self.calls += 1
+        raise self.error
+
+
+class _Spec:
+    destination = "jobs"
+
+
+class _Body:
+    body = b"{}"
+
+
+async def _retry(error: Exception, *, closing: bool) -> tuple[Settled, _Acks, _Publisher]:
+    from rmqdelay.worker.settle import Settler
+
+    publisher, acks = _Publisher(error), _Acks()
+    settler = Settler(cast(Any, publisher), cast(Any, None), 5.0, cast(Any, acks))
+    settler.closing = closing
+    decision = Decision("retry", 2, delay_ms=200, reason="boom")
+    settled = await settler.settle(
+        cast(Any, _Spec()), cast(Any, _Body()), DELIVERY, decision, None, 0.1
+    )
+    return settled, acks, publisher
+
+
+async def test_a_retry_whose_session_ends_under_it_is_not_parked() -> None:
+    """Seen in a CI run: a session ended while its retry copy was being published; what
+    the publish raised then was not PublisherClosedError, and the message was parked."""
+    from rmqdelay.errors import JournalError
+
+    settled, acks, publisher = await _retry(JournalError("not confirmed"), closing=True)
+    assert publisher.calls == 1
+    assert settled.outcome == "returned" and "retry was not confirmed" in (settled.problem or "")
+    assert acks.rejected == []  # left to the connection's close: a requeue would loop
+
+
+async def test_a_retry_not_confirmed_goes_back_to_its_queue() -> None:
+    from rmqdelay.errors import PublisherClosedError
+
+    settled, acks, _ = await _retry(PublisherClosedError("gone"), closing=False)
+    assert settled.outcome == "returned"
+    assert acks.rejected == [True]
