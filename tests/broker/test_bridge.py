@@ -346,11 +346,13 @@ def test_an_idle_inbox_takes_a_message_as_it_comes_not_at_the_end_of_its_wait(
     not held for the rest of the idle wait, on pika's private path or its public one."""
     with _stage_one(case, fast, monkeypatch) as (carrier, connection):
         carrier.idle_s = 60.0  # the whole wait, were the message not to end it
-        threading.Timer(0.5, case.publish, ("k", b"now", 0)).start()
+        later = threading.Timer(0.5, case.publish, ("k", b"now", 0))
+        later.start()
         started = time.monotonic()
         while not carrier._pending and time.monotonic() - started < 60:
             carrier._wait(connection)
         waited = time.monotonic() - started
+        later.join(30)  # its publish confirmed before the case's connection closes
         assert len(carrier._pending) == 1
         assert waited < 20, f"the first message ended the wait after {waited:.1f} s"
 
@@ -371,12 +373,14 @@ def test_a_batch_lingers_no_longer_than_its_shortest_delay_allows(
         while not carrier._pending and time.monotonic() - started < 30:
             carrier._wait(connection)
         assert len(carrier._pending) == 1
-        threading.Timer(0.5, case.publish, ("k", b"now", 0)).start()
+        later = threading.Timer(0.5, case.publish, ("k", b"now", 0))
+        later.start()
         started = time.monotonic()
         carrier._wait(connection)  # the linger: 60 s, were the second not to end it
         while len(carrier._pending) < 2 and time.monotonic() - started < 60:
             carrier._wait(connection)
         carrier._wait(connection)  # the batch is due now: no wait
         waited = time.monotonic() - started
+        later.join(30)  # its publish confirmed before the case's connection closes
         assert len(carrier._pending) == 2
         assert waited < 20, f"the x-delay 0 message ended the linger after {waited:.1f} s"
