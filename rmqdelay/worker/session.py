@@ -119,7 +119,6 @@ class Session:
     """What the broker or the client said when the session ended, for the log."""
     own_cancels: set[str] = field(default_factory=set)
     """Consumer tags the worker cancelled itself (at shutdown): their messages stay held."""
-    closing: bool = False
     held: frozenset[str] = frozenset()
     """The destinations consumed here that are held (settings or their topology marker)."""
     qos: int = 0
@@ -207,6 +206,11 @@ class Session:
             raise WorkerError(f"the broker gave no consumer tag for {queue.name!r}")
         return str(result.consumer_tag)
 
+    @property
+    def closing(self) -> bool:
+        """:meth:`close` has begun (the settler's flag: it parks nothing from then on)."""
+        return self.settler.closing
+
     def _on_close(self, _sender: object = None, error: BaseException | None = None) -> None:
         """A channel or the connection closed: the broker takes back all it held."""
         if self._told:
@@ -293,7 +297,7 @@ class Session:
 
     async def close(self, hooks: Hooks) -> None:
         """Each step bounded: a node cut off from the majority may never answer a close."""
-        self.closing = self.settler.closing = True
+        self.settler.closing = True
         for step in (self.publisher.close(), hooks.disconnect(), self.connection.close()):
             with contextlib.suppress(Exception):
                 await bounded(step, _CLOSE_S)
