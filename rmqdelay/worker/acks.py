@@ -27,6 +27,15 @@ from ..core.wire import encode_acks
 __all__ = ["Acker"]
 
 
+def _lost(error: BaseException) -> BaseException:
+    """What a frame's failure says: aiormq fails a drain with its connection's closing
+    reason, at times a bare ``Exception``, which is a lost channel all the same (so the
+    settling's ``SETTLE_ERRORS`` know it)."""
+    if type(error) is Exception:
+        return ConnectionError(f"the channel closed before the frame was written ({error!r})")
+    return error
+
+
 class _Frame:
     """The acks one frame made late carries: its waiters and single acks, once made."""
 
@@ -100,6 +109,11 @@ class Acker:
             raise
         try:
             await frame
+        except Exception as exc:
+            lost = _lost(exc)
+            if lost is exc:
+                raise
+            raise lost from exc
         finally:
             self.ledger.sent(tag)
 
@@ -150,7 +164,7 @@ class Acker:
             if error is None:
                 waiter.set_result(None)
             else:
-                waiter.set_exception(error)
+                waiter.set_exception(_lost(error))
 
     # ------------------------------------------------------------ basic_ack
 
@@ -164,7 +178,7 @@ class Acker:
                 except Exception as exc:
                     for waiter in waiters:
                         if not waiter.done():
-                            waiter.set_exception(exc)
+                            waiter.set_exception(_lost(exc))
                 except BaseException:  # cancelled (the loop ends): so are its waiters
                     for waiter in waiters:
                         waiter.cancel()

@@ -275,7 +275,7 @@ class Processor:
         )
         try:  # no handler ran for this delivery (its time was counted with the first one's)
             settled = await session.settler.settle(spec, message, delivery, decision, failure, None)
-        except Exception as exc:  # aiormq's drain of a closing channel: a bare Exception
+        except Exception as exc:  # a bug of ours (a lost channel is a "returned" settling)
             settled = Settled("returned", problem=f"settling it failed ({exc!r})")
             await self._requeue(session, message)
         self.hooks.settled(delivery, settled)

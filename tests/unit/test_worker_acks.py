@@ -256,3 +256,31 @@ async def test_client_fast_0_sends_acks_through_basic_ack(
     messages = delivered(acker, wire, 3)
     await asyncio.gather(*(acker.ack(m) for m in messages))
     assert wire.frames == [(3, True)] and wire.write_queue.empty() and acker.made_late == 0
+
+
+async def test_a_bare_exception_of_a_closing_channel_is_a_lost_connection() -> None:
+    """aiormq fails a frame's drain with its connection's closing reason, at times a bare
+    ``Exception``: the acks and rejects raise ConnectionError instead, which the settling
+    knows (``SETTLE_ERRORS``); any other error is raised as it was."""
+    from rmqdelay.worker.settle import SETTLE_ERRORS
+
+    wire = Wire(fail=Exception())
+    acker = Acker(wire)
+    [first, second] = delivered(acker, wire, 2)
+    with pytest.raises(ConnectionError) as raised:
+        await acker.ack(first)
+    assert isinstance(raised.value, SETTLE_ERRORS)
+
+    async def closing(requeue: bool = False) -> None:
+        raise Exception
+
+    second.reject = closing
+    with pytest.raises(ConnectionError) as rejected:
+        await acker.reject(second, requeue=True)
+    assert type(rejected.value.__cause__) is Exception
+
+    wire.fail = ValueError("other")
+    third = Message(3, wire)
+    acker.delivered(third)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="other"):
+        await acker.ack(third)  # type: ignore[arg-type]
