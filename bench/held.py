@@ -45,7 +45,7 @@ from bench.suite import (
 SETTLE_S = 2.0
 """After declaring or deleting queues, before the broker's idle CPU counts."""
 NO_HOP_MAX_MS = 2500
-"""The longest delay of the ``held0`` configs: under the hold window (2.56 s), no hop."""
+"""The longest delay of the ``held0`` configs: under the hold window (5.12 s), no hop."""
 BARE = 5064
 """The bare consumer's prefetch: the Worker's for a held destination (64 + max_held)."""
 

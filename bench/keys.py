@@ -258,7 +258,8 @@ def from_e2e(r: dict[str, Any], params: dict[str, Any]) -> Figures:
         "e2e.repeats": fig(params["repeats"]),
     }
     rows: list[tuple[str, dict[str, Any], dict[str, Any] | None, str | None]] = []
-    for side, by_rate in (("", r["rates"]), ("held.", r.get("held") or {})):
+    sides = (("", r["rates"]), ("held.", r.get("held")), ("held-narrow.", r.get("held_narrow")))
+    for side, by_rate in ((side, by_rate or {}) for side, by_rate in sides):
         rows += [
             (f"{side}r{float(rate):g}", e, r["plain_latency"].get(rate), f"r{float(rate):g}")
             for rate, e in by_rate.items()
@@ -331,7 +332,7 @@ def from_hops(r: dict[str, Any], params: dict[str, Any]) -> Figures:
             mine[f"{key}.early"] = fig(c.get("early_total"))
             mine[f"{key}.missing"] = fig(c.get("missing_total"))
             mine[f"{key}.delivered"] = fig(c.get("delivered_per_s"), "msgs/s")
-            if name in ("rmqdelay", "held"):
+            if name in ("rmqdelay", "held", "held-narrow"):
                 _hops(mine, key, c)
         floors = at.get("floors") or {"rmqdelay": at.get("floor")}
         for name, floor in floors.items():

@@ -85,6 +85,7 @@ class RmqdelayPeer:
         journal_linger_ms: int | None = None,
         held: bool = False,
         lean: bool = False,
+        hold_window: str | None = None,
     ) -> None:
         if publisher not in PUBLISHERS:
             raise ValueError(f"publisher must be one of {PUBLISHERS}")
@@ -107,6 +108,7 @@ class RmqdelayPeer:
             "schedule_journal": journal,
             **({} if journal_linger_ms is None else {"journal_linger": f"{journal_linger_ms}ms"}),
             "held_destinations": [DESTINATION] if held else [],
+            **({} if hold_window is None else {"hold_window": hold_window}),
         }
         self.settings = Settings(**self.settings_kwargs)  # validates now; creates nothing
         self.radix, self.resolution_ms = radix, resolution_ms
@@ -122,6 +124,7 @@ class RmqdelayPeer:
             f"rmqdelay-r{radix}{'-named' if named_tiers else ''}-{publisher}-{queue_type}"
             + ("-held" if held else "")
             + ("-lean" if lean else "")
+            + ("" if hold_window is None else f"-{hold_window}")
         )
         layout = self.settings_layout()
         self.description = (

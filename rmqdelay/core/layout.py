@@ -33,9 +33,10 @@ _WORK_INFIX = ".work."
 _HELD_INFIX = ".held."
 DEFAULT_JOURNAL_RETENTION = 2 * 1024**3
 """The journal's and its checkpoints' streams each keep this many bytes (2 GiB)."""
-HOLD_WINDOW_MS = 3000
-"""The default hold window is the largest digit boundary not over this: 2.56 s for the
-default layout (radix 16 at 10 ms). A held message waits at most that long in a consumer."""
+HOLD_WINDOW_MS = 6000
+"""The default hold window is the largest one not over this: 5.12 s for the default layout
+(radix 16 at 10 ms), so the seconds-long delays of retries skip every tier. A held message
+waits at most that long in a consumer."""
 MIN_JOURNAL_RETENTION = 64 * 1024**2
 """Less could not hold a checkpoint and the tail after it at any useful scale."""
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
@@ -118,8 +119,9 @@ class Layout:
     """``x-queue-leader-locator`` of quorum queues; None declares none."""
     quorum_group_size: int | None = None
     hold_units: int = 1
-    """The hold window in units, a power of the radix: a held destination's messages skip
-    the digits below it and arrive up to that early; its consumer waits out the rest."""
+    """The hold window in units, a power of the radix times a divisor of it: a held
+    destination's messages skip the digits below it and arrive up to that early; its
+    consumer waits out the rest."""
 
     @property
     def hold_ms(self) -> int:
@@ -268,16 +270,20 @@ class Layout:
 
 
 def _hold_units(r: int, b: int, count: int, window_ms: int | None) -> int:
-    """The hold window in units: ``window_ms`` when it is a digit boundary (the resolution
-    times a power of the radix, under the top position), else the default's rule."""
-    boundaries: list[int] = [b**k for k in range(count)]
+    """The hold window in units: ``window_ms`` when it is a digit boundary times a divisor
+    of the radix (``m x b**k`` units under the top position: a held plan's digits below
+    ``k`` are 0, and rounding down to ``m`` never borrows, so no plan takes more hops than
+    at ``b**k``), else the default's rule."""
+    windows: list[int] = sorted({m * b**k for k in range(count) for m in range(1, b) if b % m == 0})
     if window_ms is None:
-        return max(u for u in boundaries if u * r <= HOLD_WINDOW_MS or u == 1)
-    if window_ms % r or window_ms // r not in boundaries:
-        shown = ", ".join(format_ms(u * r) for u in boundaries[:5])
+        return max(u for u in windows if u * r <= HOLD_WINDOW_MS or u == 1)
+    if window_ms % r or window_ms // r not in windows:
+        below = [u for u in windows if u * r < window_ms][-1:]
+        above = [u for u in windows if u * r > window_ms][:1]
+        shown = " or ".join(format_ms(u * r) for u in below + above)
         raise ConfigurationError(
-            f"hold_window {format_ms(window_ms)} must be a digit boundary, the resolution "
-            f"times a power of the radix: {shown}, ..."
+            f"hold_window {format_ms(window_ms)} must be the resolution times radix**k "
+            f"times a divisor of the radix: the nearest are {shown}"
         )
     return int(window_ms // r)
 

@@ -168,7 +168,8 @@ class Settings:
         None,
         read.optional(read.duration_ms),
         """How early a held destination's messages may arrive: the resolution times a
-        power of the radix; default: the largest such not over 3 s (2.56 s).""",
+        power of the radix times a divisor of the radix; default: the largest such not over 6 s
+        (5.12 s).""",
     )
     max_held: int = setting(
         5000,

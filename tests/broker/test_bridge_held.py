@@ -16,8 +16,8 @@ from rmqdelay.worker.hooks import Settled, WorkerHook
 from tests.helpers.bridge_helpers import BridgeCase, assert_on_time, bridge_case
 from tests.helpers.worker_helpers import TestTopology
 
-DELAYS_MS = [1000, 2000, 2700, 3300, 4000]
-"""Under one hold window (2.56 s): straight to the work queue; over it: one hop."""
+DELAYS_MS = [1000, 2000, 2700, 4000, 5500]
+"""Under one hold window (5.12 s): straight to the work queue; over it: one hop."""
 
 
 @pytest.fixture

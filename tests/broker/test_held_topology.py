@@ -19,7 +19,7 @@ def test_held_marked_reported_stale_and_shown_by_status(env: dict[str, str], pre
     marker = f"{prefix}.held.jobs"
     applied = run_cli(env, "topology", "apply", "-d", "jobs", "--held", "emails")
     assert applied.returncode == 0, applied.stderr
-    assert "held (consumers wait out the last 2560 ms): emails" in applied.stdout
+    assert "held (consumers wait out the last 5120 ms): emails" in applied.stdout
     assert run_cli(env, "topology", "plan", "-d", "jobs", "--held", "emails").returncode == 0
     # the settings' held_destinations and --held are merged
     both = {**env, "RMQDELAY_HELD_DESTINATIONS": '["jobs"]'}
@@ -49,7 +49,7 @@ def test_held_marked_reported_stale_and_shown_by_status(env: dict[str, str], pre
     assert rows == {"jobs": True, "emails": True}
     shown = run_cli(env, "status", "-d", "jobs", "-d", "emails", "--amqp-only")
     assert shown.returncode == 0, shown.stderr
-    assert "held (consumers wait out up to 2s560ms" in shown.stdout
+    assert "held (consumers wait out up to 5s120ms" in shown.stdout
     assert "jobs, emails" in shown.stdout
 
     destroyed = run_cli(env, "topology", "destroy", "--yes", "-d", "jobs", "-d", "emails")

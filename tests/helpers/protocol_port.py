@@ -100,11 +100,13 @@ class PortLayout:
 
     @property
     def hold_ms(self) -> int:
-        """§10: the largest `r * b^k` (k < P) not over 3,000 ms; at least one unit."""
+        """§10: the largest `r * m * b^k` (k < P, m divides b) not over 6,000 ms; at least
+        one unit."""
         units = 1
-        for k in range(1, self.p):
-            if self.r * self.radix**k <= 3_000:
-                units = self.radix**k
+        for k in range(self.p):
+            for m in range(1, self.radix):
+                if self.radix % m == 0 and self.r * m * self.radix**k <= 6_000:
+                    units = max(units, m * self.radix**k)
         return units * self.r
 
     @property

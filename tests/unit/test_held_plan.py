@@ -19,23 +19,31 @@ from rmqdelay.testing import InMemoryPublisher
 
 LAYOUTS = [
     Layout.build(),
+    Layout.build(hold_window_ms=2560),
+    Layout.build(radix=10, resolution_ms=1000, hold_window_ms=5000, max_delay_ms=86_400_000),
     Layout.build(radix=2, resolution_ms=10, max_delay_ms=3_600_000),
     Layout.build(radix=10, resolution_ms=1, max_delay_ms=86_400_000, named_tiers_ms=(900_000,)),
     Layout.build(resolution_ms=1000, max_delay_ms=86_400_000),
 ]
 
 
-def test_the_default_window_is_the_largest_digit_boundary_up_to_three_seconds() -> None:
-    assert Layout.build().hold_ms == 2560  # radix 16 at 10 ms
-    assert Layout.build(radix=2).hold_ms == 2560
-    assert Layout.build(radix=10, resolution_ms=1).hold_ms == 1000
-    assert Layout.build(resolution_ms=1000).hold_ms == 1000  # one unit: never under it
+def test_the_default_window_is_the_largest_up_to_six_seconds() -> None:
+    assert Layout.build().hold_ms == 5120  # radix 16 at 10 ms: 2 x 16**2 units
+    assert Layout.build(radix=2).hold_ms == 5120
+    assert Layout.build(radix=10, resolution_ms=1).hold_ms == 5000
+    assert Layout.build(resolution_ms=1000).hold_ms == 4000  # 6 s divides no 16: 4 s
+    assert Layout.build(resolution_ms=10_000).hold_ms == 10_000  # one unit: never under it
 
 
-def test_a_window_off_a_digit_boundary_is_refused_naming_the_ones_that_work() -> None:
-    with pytest.raises(ConfigurationError, match=r"hold_window 3s must be .*2s560ms"):
+def test_a_window_off_a_digit_boundary_is_refused_naming_the_nearest() -> None:
+    with pytest.raises(ConfigurationError, match=r"hold_window 3s must be .*2s560ms or 5s120ms"):
         Layout.build(hold_window_ms=3000)
+    # 3 x 16**2 units is a digit, but 3 divides no 16: rounding down to it could borrow
+    with pytest.raises(ConfigurationError, match=r"hold_window 7s680ms must be"):
+        Layout.build(hold_window_ms=7680)
     assert Layout.build(hold_window_ms=160).hold_units == 16
+    assert Layout.build(hold_window_ms=2560).hold_units == 256
+    assert Layout.build(hold_window_ms=10_240).hold_units == 4 * 256
     with pytest.raises(ValueError, match="hold_window"):
         Settings(hold_window="1s")
 
@@ -70,12 +78,23 @@ def test_a_held_plan_is_never_late_and_at_most_one_window_early(
     )
 
 
-def test_held_delays_of_one_to_four_seconds_take_at_most_one_hop() -> None:
-    layout = Layout.build()
-    hops = [len(plan_delay(layout, ms * 1000, "o", held=True).hops) for ms in range(1000, 4001)]
-    full = [len(plan_delay(layout, ms * 1000, "o").hops) for ms in range(1000, 4001)]
-    assert max(hops) == 1
-    assert sum(hops) / len(hops) <= sum(full) / len(full) / 2
+def test_held_delays_of_one_to_four_seconds_take_no_hop_and_at_most_one_at_2s560ms() -> None:
+    def hops(layout: Layout, held: bool) -> list[int]:
+        return [len(plan_delay(layout, ms * 1000, "o", held=held).hops) for ms in range(1000, 4001)]
+
+    full = hops(Layout.build(), held=False)
+    assert max(hops(Layout.build(), held=True)) == 0
+    narrow = hops(Layout.build(hold_window_ms=2560), held=True)
+    assert max(narrow) == 1
+    assert sum(narrow) / len(narrow) <= sum(full) / len(full) / 2
+
+
+@given(delay_us=st.integers(min_value=0, max_value=3_600 * 10**6))
+def test_a_wider_window_never_takes_more_hops(delay_us: int) -> None:
+    """Rounding down to 2 x 16**2 units changes only the digit at 16**2 (2 divides 16)."""
+    wide = plan_delay(Layout.build(), delay_us, "o", held=True)
+    narrow = plan_delay(Layout.build(hold_window_ms=2560), delay_us, "o", held=True)
+    assert len(wide.hops) <= len(narrow.hops)
 
 
 def test_a_held_destination_gets_a_marker_and_no_other_does() -> None:
@@ -89,8 +108,8 @@ def test_a_held_destination_gets_a_marker_and_no_other_does() -> None:
 
 def test_a_publisher_routes_by_the_marker_it_finds() -> None:
     publisher = InMemoryPublisher(held=["orders"])
-    held = publisher.publish("orders", b"x", delay="3s")
-    plain = publisher.publish("billing", b"x", delay="3s")
-    assert held.routing_key.split(".")[-3:] == ["0", "0", "orders"]
+    held = publisher.publish("orders", b"x", delay="6s")
+    plain = publisher.publish("billing", b"x", delay="6s")
+    assert held.routing_key.split(".")[-4:] == ["2", "0", "0", "orders"]  # 5.12 s: 0x200
     assert held.hops == 1
-    assert plain.hops == 3  # 300 units = 0x12c
+    assert plain.hops == 3  # 600 units = 0x258

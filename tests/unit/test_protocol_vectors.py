@@ -41,7 +41,7 @@ LAYOUTS: list[tuple[str, dict[str, Any], list[int]]] = [
     (
         "default",
         {"prefix": "rmqdelay", "resolution_ms": 10, "radix": 16, "max_delay_ms": 366 * D},
-        [1 * S, 2 * S, 3 * S, 4 * S, 5 * S, 15 * MIN, 30 * D],
+        [1 * S, 2 * S, 3 * S, 4 * S, 5 * S, 8 * S, 15 * MIN, 30 * D],
     ),
     (
         "binary-1s",  # NServiceBus's and Celery's radix, at one second
@@ -346,7 +346,7 @@ def test_the_vectors_cover_the_edges() -> None:
         assert errors["orders\n"] == errors["a..b"] == "invalid destination"
         assert any(len(c["hops"]) > 2 for c in cases_ if "hops" in c)
         # held (§10): never late, never earlier than the window; never more hops but
-        # with named tiers (15 min is no multiple of 2.56 s: held, it takes 3 hops)
+        # with named tiers (15 min is no multiple of 5.12 s: held, it takes 3 hops)
         hold_us = layout["derived"]["hold_ms"] * 1000
         named = bool(settings["named_tiers_ms"])
         for case in layout["held_cases"]:
@@ -409,9 +409,9 @@ def test_the_protocol_page_shows_the_vectors() -> None:
     )
     shown = f"{len(tiers)} tiers, from `{tiers[0]['queue']}` to `{tiers[-1]['queue']}`"
     assert shown in " ".join(text.split())
-    held = next(c for c in default["held_cases"] if c["delay_us"] == 5_000_000)
+    held = next(c for c in default["held_cases"] if c["delay_us"] == 8_000_000)
     words = " ".join(text.split())
-    assert f"5 s plans {held['units']} units" in words
+    assert f"8 s plans {held['units']} units" in words
     assert f"routing key `{held['routing_key']}`" in words
     assert f"one hop, `{held['hops'][0]['queue']}`" in words
     assert f"= {default['derived']['hold_ms']:,} ms" in words
