@@ -882,7 +882,8 @@ async def workload_hops(suite: Suite) -> None:
     table, descriptions = await side_by_side(configs, s.hops_rates, s.hops_repeats, "hops")
     results: dict[str, Any] = {"rates": {}, "descriptions": descriptions}
     for rate, by_name in table.items():
-        floors = {name: hops_floor(s.hops_chain, by_name, name) for name in ("rmqdelay", "held")}
+        names = ("rmqdelay", "held", "held-narrow")
+        floors = {name: hops_floor(s.hops_chain, by_name, name) for name in names}
         results["rates"][rate] = {"configs": by_name, "floors": floors}
     params = {
         "rates": list(s.hops_rates),

@@ -172,10 +172,11 @@ class RmqdelayPeer:
         return self.settings.layout
 
     def unused_tiers(self) -> list[str]:
-        """Tier queues a held destination's messages never enter: the positions below the
-        hold window (its low digits are rounded away)."""
+        """Tier queues a held destination's messages never enter: those whose TTL is no
+        multiple of the hold window (its low digits are rounded away; at the window's own
+        position, the digits that are no multiple of its divisor, 2 x 16**2: the odd ones)."""
         layout = self.settings_layout()
-        return [t.queue for p in layout.positions if p.weight < layout.hold_units for t in p.tiers]
+        return [t.queue for t in layout.tiers if t.units % layout.hold_units]
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -460,7 +461,7 @@ class RmqdelayPeer:
 
 
 def _held_words(layout: Any, lean: bool) -> str:
-    unused = sum(len(p.tiers) for p in layout.positions if p.weight < layout.hold_units)
+    unused = sum(1 for t in layout.tiers if t.units % layout.hold_units)
     return (
         f"Destination held (Settings(held_destinations=[{DESTINATION!r}])): publishers round "
         f"each delay down to the hold window {format_ms(layout.hold_ms)}, so the messages skip "
