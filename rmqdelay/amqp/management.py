@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -34,6 +35,9 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 15672
+GET_RETRY_PAUSES_S = (0.2, 0.5)
+"""Pauses before a GET answered with a 5xx is tried again: RabbitMQ 3.10's API answers 500
+to a listing of queues that races a queue's deletion (seen with two test workers)."""
 MANAGEMENT_URL_HINT = (
     "the management_url setting (env RMQDELAY_MANAGEMENT_URL, flag --management-url)"
 )
@@ -171,7 +175,15 @@ class ManagementApi:
         )
 
     def get(self, path: str) -> Any:
-        """GET ``/api/{path}`` and decode its JSON (of the first API that answers)."""
+        """GET ``/api/{path}`` and decode its JSON (of the first API that answers); a 5xx
+        is tried again after each of :data:`GET_RETRY_PAUSES_S` (a GET changes nothing)."""
+        for pause in GET_RETRY_PAUSES_S:
+            try:
+                return json.loads(self._call("GET", path))
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:
+                    raise
+            time.sleep(pause)
         return json.loads(self._call("GET", path))
 
     def _call(self, method: str, path: str, body: Any = None) -> bytes:

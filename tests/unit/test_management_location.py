@@ -112,3 +112,49 @@ def test_same_cluster(
     amqp_name: str, api_name: str, api_node: str | None, nodes: list[str], same: bool | None
 ) -> None:
     assert same_cluster(amqp_name, api_name, api_node, nodes) is same
+
+
+@pytest.mark.parametrize(
+    ("failures", "code", "answered"), [(2, 500, True), (3, 500, False), (1, 404, False)]
+)
+def test_a_get_answered_with_a_server_error_is_tried_again_twice(
+    failures: int, code: int, answered: bool
+) -> None:
+    """RabbitMQ 3.10's API answers 500 to a listing that races a queue's deletion: a GET
+    (which changes nothing) is tried again twice; a 4xx is the answer at once."""
+    import json
+    import threading
+    import urllib.error
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    calls: list[str] = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            calls.append(self.path)
+            ok = len(calls) > failures
+            raw = json.dumps([{"name": "q"}] if ok else {"error": "boom"}).encode()
+            self.send_response(200 if ok else code)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        api = ManagementApi("amqp://u:p@127.0.0.1/%2F", f"http://127.0.0.1:{port}")
+        if answered:
+            assert api.get("queues/%2F?columns=name") == [{"name": "q"}]
+        else:
+            with pytest.raises(urllib.error.HTTPError) as raised:
+                api.get("queues/%2F?columns=name")
+            assert raised.value.code == code
+        assert len(calls) == (1 if code < 500 else min(failures + 1, 3))
+        assert set(calls) == {"/api/queues/%2F?columns=name"}
+    finally:
+        server.shutdown()
+        server.server_close()
