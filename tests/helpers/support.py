@@ -1,4 +1,4 @@
-"""Helpers the broker tests share: a collecting consumer, a closed port."""
+"""Helpers the tests share: a collecting consumer, a closed port, a local JSON API."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,3 +87,32 @@ class Collector:
     async def __aexit__(self, *exc: object) -> None:
         if self._connection is not None:
             await self._connection.close()
+
+
+@contextlib.contextmanager
+def json_api(answer: Callable[[str], tuple[int, Any]]) -> Iterator[str]:
+    """A local HTTP server whose GETs ``answer(path)`` gives (status, JSON body): its base
+    URL, for a management API that is no broker's (a wrong one, a flaky one)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = answer(self.path)
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -139,35 +139,16 @@ def test_a_second_local_broker_never_gets_the_first_ones_api(
 
 def test_management_ok_checks_the_api_serves_the_amqp_port() -> None:
     """An answering API whose listeners name another AMQP port is not this broker's."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from brokers.probe import management_ok
 
-    class Overview(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = {"rabbitmq_version": "3.10.8", "listeners": [{"protocol": "amqp", "port": 5672}]}
-            raw = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(raw)
+    from tests.helpers.support import json_api
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Overview)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        api = f"http://127.0.0.1:{server.server_address[1]}"
+    overview = {"rabbitmq_version": "3.10.8", "listeners": [{"protocol": "amqp", "port": 5672}]}
+    with json_api(lambda _path: (200, overview)) as api:
         url = "amqp://guest:guest@127.0.0.1:5682/%2F"
         assert management_ok(api, url)
         assert management_ok(api, url, amqp_port=5672)
         assert not management_ok(api, url, amqp_port=5682)
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 # --------------------------------------------------------------------------- chroot releases

@@ -122,39 +122,23 @@ def test_a_get_answered_with_a_server_error_is_tried_again_twice(
 ) -> None:
     """RabbitMQ 3.10's API answers 500 to a listing that races a queue's deletion: a GET
     (which changes nothing) is tried again twice; a 4xx is the answer at once."""
-    import json
-    import threading
     import urllib.error
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers.support import json_api
 
     calls: list[str] = []
 
-    class Flaky(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            calls.append(self.path)
-            ok = len(calls) > failures
-            raw = json.dumps([{"name": "q"}] if ok else {"error": "boom"}).encode()
-            self.send_response(200 if ok else code)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(raw)
+    def flaky(path: str) -> tuple[int, object]:
+        calls.append(path)
+        return (200, [{"name": "q"}]) if len(calls) > failures else (code, {"error": "boom"})
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        port = server.server_address[1]
-        api = ManagementApi("amqp://u:p@127.0.0.1/%2F", f"http://127.0.0.1:{port}")
+    with json_api(flaky) as base:
+        api = ManagementApi("amqp://u:p@127.0.0.1/%2F", base)
         if answered:
             assert api.get("queues/%2F?columns=name") == [{"name": "q"}]
         else:
             with pytest.raises(urllib.error.HTTPError) as raised:
                 api.get("queues/%2F?columns=name")
             assert raised.value.code == code
-        assert len(calls) == (1 if code < 500 else min(failures + 1, 3))
-        assert set(calls) == {"/api/queues/%2F?columns=name"}
-    finally:
-        server.shutdown()
-        server.server_close()
+    assert len(calls) == (1 if code < 500 else min(failures + 1, 3))
+    assert set(calls) == {"/api/queues/%2F?columns=name"}
