@@ -100,7 +100,11 @@ class KeyFilter(WorkerHook):
                 claimed.set_result(None)
         elif record.kind == "done" and self._here and record.worker == self.me:
             entry = self.book.by_id.get(record.message_id)
-            claim = entry.claims.get(record.due_at_ms) if isinstance(entry, Generation) else None
+            claim = (
+                entry.claim_for(record.due_at_ms, record.attempt)
+                if isinstance(entry, Generation)
+                else None
+            )
             if claim is not None:
                 self._here.pop(claim[1], None)  # the book says "duplicate" from now on
         heard = self._heard
@@ -165,13 +169,14 @@ class KeyFilter(WorkerHook):
             now_ms=now_ms(),
             claim_id=claim_id,
             held_here=self._here if redelivered and key is not None else (),
+            attempt=delivery.attempt,
         )
 
-    def _hold(self, verdict: Verdict, copy_ms: int) -> str:
+    def _hold(self, verdict: Verdict, copy_ms: int, attempt: int) -> str:
         """Note the claim this handling (the current task) holds until it ends without a
         ``done``, or its ``done`` is read back; the claim's id (empty when there is none)."""
         generation = verdict.generation
-        claim = generation.claims.get(copy_ms) if generation is not None else None
+        claim = generation.claim_for(copy_ms, attempt) if generation is not None else None
         task = asyncio.current_task()
         if claim is None or task is None:
             return ""
@@ -191,7 +196,7 @@ class KeyFilter(WorkerHook):
             verdict = self._verdict(delivery, key, claim_id)
             if verdict.action == "handle":
                 copy_ms = self._copy_ms(delivery, verdict)
-                held = self._hold(verdict, copy_ms)
+                held = self._hold(verdict, copy_ms, delivery.attempt)
                 done = functools.partial(self._done, delivery, key, copy_ms, held)
                 return Admission("handle", verdict.reason, on_success=(done,))
             if verdict.action == "claim":

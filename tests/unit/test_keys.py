@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmqdelay.core.journal.generations import Generation, Loser
+from rmqdelay.core.journal.generations import Generation, Loser, book_entries
 from rmqdelay.core.journal.keys import (
     UNRECORDED_GRACE_MS,
     KeyBook,
@@ -41,8 +41,12 @@ def keyed(
     )
 
 
-def claim(message_id: str, due: int, worker: str, cid: str, key: str = "k") -> JournalRecord:
-    return JournalRecord("claimed", message_id, "dest", due, key=key, worker=worker, claim_id=cid)
+def claim(
+    message_id: str, due: int, worker: str, cid: str, key: str = "k", attempt: int = 1
+) -> JournalRecord:
+    return JournalRecord(
+        "claimed", message_id, "dest", due, attempt, key=key, worker=worker, claim_id=cid
+    )
 
 
 def done(message_id: str, due: int, key: str = "k") -> JournalRecord:
@@ -181,7 +185,30 @@ def test_a_retry_copy_is_claimed_anew() -> None:
             keyed("a", 3000, 1100, mode=None, attempt=2),
         ]
     )
-    assert book.verdict("a", 3000, "k", redelivered=False, now_ms=3000).action == "claim"
+    assert book.verdict("a", 3000, "k", redelivered=False, now_ms=3000, attempt=2).action == "claim"
+
+
+def test_a_resend_due_when_sent_shares_the_claim_of_its_attempt() -> None:
+    # a recurring chain's restarted worker publishes the next occurrence again after its
+    # time: the resend is due when sent (1174), not at the first copy's 1000
+    records = [keyed("a", 1000, 10), keyed("a", 1174, 1174)]
+    for first, second in ((1000, 1174), (1174, 1000)):
+        book = KeyBook().extend(
+            [*records, claim("a", first, "w1", "c1"), claim("a", second, "w1", "c2")]
+        )
+        won = book.verdict("a", first, "k", redelivered=False, now_ms=1200, claim_id="c1")
+        lost = book.verdict("a", second, "k", redelivered=False, now_ms=1200, claim_id="c2")
+        assert won.action == "handle"
+        assert (lost.action, lost.reason) == ("drop", "claimed elsewhere")
+        # a checkpoint keeps which copy the attempt's claim was for
+        restored = KeyBook()
+        for entry in book_entries(book.generations, book.by_id, book.moves):
+            restored.restore(entry)
+        again = restored.verdict("a", second, "k", redelivered=False, now_ms=1200, claim_id="c2")
+        assert (again.action, again.reason) == ("drop", "claimed elsewhere")
+    # a retry is another attempt: claimed anew
+    book.add(keyed("a", 3000, 1300, mode=None, attempt=2))
+    assert book.verdict("a", 3000, "k", redelivered=False, now_ms=3000, attempt=2).action == "claim"
 
 
 def test_an_unrecorded_copy_waits_then_is_dropped() -> None:
@@ -223,20 +250,26 @@ class _Race:
         max_size=8,
     ),
     deliveries=st.lists(
-        st.tuples(st.integers(0, 7), st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=20
+        st.tuples(st.integers(0, 7), st.integers(0, 2), st.integers(0, 3), st.integers(0, 2)),
+        min_size=1,
+        max_size=20,
     ),
 )
 def test_at_most_one_handled_per_generation_however_copies_race(publishes, deliveries) -> None:  # type: ignore[no-untyped-def]
     """Publishes of one key at times 0, 10, 20...; then copies of any of them reach any of
     three workers, each deciding first on a journal read up to ``lag`` records short of
     its end (other workers' claims not seen yet), then claiming and reading its claim
-    back. Without a redelivery, each generation is handled at most once, and only by
-    its winner."""
+    back. Some copies are resends published after their time (``late`` ms: due when
+    sent, the same attempt). Without a redelivery, each generation is handled at most
+    once, and only by its winner."""
     race = _Race([keyed(f"m{i}", 10 * i + d, 10 * i, mode=m) for i, (m, d) in enumerate(publishes)])
     handled: dict[str, list[str]] = {}
-    for n, (which, worker, lag) in enumerate(deliveries):
+    for n, (which, worker, lag, late) in enumerate(deliveries):
         which %= len(publishes)
         message_id, due = f"m{which}", race.journal[which].due_at_ms
+        if late:
+            due += 100 * late
+            race.journal.append(keyed(message_id, due, due, mode=publishes[which][0]))
         book = race.read(max(len(publishes), len(race.journal) - lag))
         verdict = book.verdict(message_id, due, "k", redelivered=False, now_ms=due)
         if verdict.action == "claim":

@@ -37,6 +37,15 @@ class Generation:
     last_ms: int = 0
     """The latest due time any copy of it was recorded with: until then a copy may come
     (a record written late can set :attr:`due_ms` earlier than a retry's copy)."""
+    claimed: dict[int, int] = field(default_factory=dict)
+    """Per attempt, the copy its first claim was for. A resend of a copy whose time has
+    passed (a recurring chain's restarted worker publishes the next occurrence again) is
+    due when sent, not at the first copy's time: one attempt, copies at two due times,
+    and the first claim of the attempt decides for both. A retry is another attempt."""
+
+    def claim_for(self, copy_ms: int, attempt: int) -> tuple[str, str] | None:
+        """The claim that decides for this copy: its attempt's first, else its own."""
+        return self.claims.get(self.claimed.get(attempt, copy_ms))
 
     @property
     def settles_ms(self) -> int:
@@ -108,6 +117,8 @@ def book_entries(
                 entry["done"] = True
             if g.claims:
                 entry["cl"] = [[due, w, c] for due, (w, c) in g.claims.items()]
+            if g.claimed:
+                entry["ca"] = [[attempt, due] for attempt, due in g.claimed.items()]
             if g.last_ms > g.due_ms:
                 entry["last"] = g.last_ms
             yield entry
@@ -152,6 +163,7 @@ def restore_entry(
             bool(entry.get("done", False)),
             {int(due): (str(w), str(c)) for due, w, c in entry.get("cl", ())},
             int(entry.get("last", entry["due"])),
+            {int(attempt): int(due) for attempt, due in entry.get("ca", ())},
         )
         generations.setdefault(g.key, []).append(g)
         by_id[g.message_id] = g

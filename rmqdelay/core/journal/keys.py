@@ -101,6 +101,7 @@ class KeyBook:
             entry = self.by_id.get(record.message_id)
             if isinstance(entry, Generation):
                 entry.claims.setdefault(record.due_at_ms, (record.worker, record.claim_id))
+                entry.claimed.setdefault(record.attempt, record.due_at_ms)
         elif kind == "done":
             entry = self.by_id.get(record.message_id)
             if isinstance(entry, Generation):
@@ -248,10 +249,12 @@ class KeyBook:
         now_ms: int,
         claim_id: str = "",
         held_here: Container[str] = (),
+        attempt: int = 1,
     ) -> Verdict:
         """What a worker does with this delivery; ``claim_id`` is the claim it wrote for
         it and read back, if it did; ``held_here`` the claims whose copy this worker is
-        handling now (a redelivered copy waits for them: its claimer is alive).
+        handling now (a redelivered copy waits for them: its claimer is alive). One
+        claim decides for all copies of an ``attempt`` (:meth:`Generation.claim_for`).
 
         An unkeyed delivery is only ever moved (``forward`` or ``drop``) or handled.
         """
@@ -276,7 +279,7 @@ class KeyBook:
         if entry.done:
             return Verdict("drop", "duplicate", entry)
         copy = entry.due_ms if due_ms is None else due_ms
-        claim = entry.claims.get(copy)
+        claim = entry.claim_for(copy, attempt)
         if claim is None:
             return Verdict("claim", "", entry)
         if claim_id and claim[1] == claim_id:
