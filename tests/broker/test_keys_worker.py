@@ -84,11 +84,11 @@ def _workers(
     return case.dest, case.settings, apps, handled, outcomes
 
 
-RACE_LEAD_MS = 30_000
+RACE_LEAD_MS = 50_000
 """The racing publishes' first due time, after every process is connected: they took
-1.5-3 s on a quiet machine, 9 s at a load of 6, and over 15 s in a CI run beside
-benchmarks; a publish after the first copy is handled would rightly start a new
-generation, so they must all end before it."""
+1.5-3 s on a quiet machine, 9 s at a load of 6, over 15 s in a CI run beside
+benchmarks, and 32 s in a CI run on a slow machine; a publish after the first copy is
+handled would rightly start a new generation, so they must all end before it."""
 
 
 async def test_a_thousand_racing_publishes_of_a_hundred_keys_are_handled_a_hundred_times(
@@ -120,7 +120,7 @@ async def _race(shared_topology: TestTopology, mode: Mode) -> None:
         assert ended < due_ms, "the publishes must end before the first is due"
         await wait_until(
             lambda: outcomes.count() >= len(sent),
-            60,
+            (due_ms - now_ms()) / 1000 + 60,
             lambda: f"{len(sent)} settled deliveries, have {outcomes.count()}",
         )
         await asyncio.sleep(1.0)  # room for a second handling to show up
