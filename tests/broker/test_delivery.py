@@ -28,7 +28,9 @@ from tests.helpers.brokerctl import BrokerAdmin
 from tests.helpers.support import Collector
 from tests.helpers.worker_helpers import TestTopology, work_queue
 
-LATE_BOUND_MS = 1500  # generous: the engine adds milliseconds, a loaded CI box more
+LATE_BOUND_MS = 5000
+"""A sanity bound, not a target (lateness is measured in the benchmarks): the engine adds
+milliseconds; a CI run at a load of 7 on 2 cores once delivered one 3,003 ms late."""
 
 
 @pytest.fixture
