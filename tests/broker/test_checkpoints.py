@@ -10,14 +10,23 @@ verdicts.
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
+import socket
+import sys
 import threading
+from typing import Any
 
 import pytest
 
-from rmqdelay import Publisher, Settings
+from rmqdelay import Publisher, Settings, Worker
 from rmqdelay.amqp.checkpoints import write_checkpoint
+from rmqdelay.amqp.journal import read_once
+from rmqdelay.core.journal.checkpoint import GENESIS, Mark
+from rmqdelay.core.journal.reading import latest
 from rmqdelay.core.journal.writer import Written
+from rmqdelay.worker.context import Context
 from tests.helpers.checkpoints import (
     DEST,
     Mode,
@@ -32,7 +41,7 @@ from tests.helpers.checkpoints import (
     watching,
     write_before,
 )
-from tests.helpers.worker_helpers import make_settings
+from tests.helpers.worker_helpers import make_settings, wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -174,4 +183,69 @@ async def test_a_publisher_writes_a_checkpoint_on_the_side_when_no_writer_spoke_
         assert publisher._checkpointing is not None  # started, on the side
     mark = last_mark(settings)
     assert mark.part == "commit" and mark.writer not in ("gone", "")
+    agree(settings)
+
+
+async def test_a_worker_writes_its_checkpoint_in_a_process_of_its_own(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal outgrew what no checkpoint covers (over 1 MiB): a running worker writes
+    one, in a child interpreter. The worker's own ``write_checkpoint`` refuses here, so
+    only another process can have written it; then every reader agrees with it."""
+    from rmqdelay.worker import checkpoints
+
+    with Publisher(settings) as publisher:
+        bulk(publisher, 1500, 1024, "aside")
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Written:
+        raise AssertionError("written in the worker's own process")
+
+    monkeypatch.setattr(checkpoints, "write_checkpoint", refuse)
+    monkeypatch.setattr(checkpoints, "CHECK_S", 0.2)
+    mine = f"{socket.gethostname()}:{os.getpid()}:"
+    app = Worker(settings)
+
+    @app.handler(DEST)
+    async def handle(msg: Any, ctx: Context) -> None:
+        pass
+
+    def written() -> bool:
+        found = read_once(settings, latest(settings.layout, 10))
+        return isinstance(found, Mark) and found.part == "commit" and found.writer.startswith(mine)
+
+    async with app.running(concurrency=4):
+        await wait_until(written, 60, "the worker's checkpoint", interval=0.5)
+    agree(settings)
+
+
+async def test_a_checkpoint_process_that_fails_says_why_without_the_password(
+    settings: Settings,
+) -> None:
+    from dataclasses import replace
+
+    from rmqdelay.settings import SecretUrl
+    from rmqdelay.worker.checkpoints import write_aside
+
+    closed = replace(settings, url=SecretUrl("amqp://guest:s3cr3t-pw@127.0.0.1:1/%2F"))
+    with pytest.raises(RuntimeError) as failed:
+        await write_aside(closed, "test-closed", "none")
+    print(f"\n{failed.value}")
+    assert str(failed.value) and "s3cr3t-pw" not in str(failed.value)
+
+
+async def test_where_no_process_starts_the_checkpoint_is_written_in_a_thread(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rmqdelay.worker.checkpoints import write_aside
+
+    with Publisher(settings) as publisher:
+        bulk(publisher, 200, 100, "thread")
+    found = read_once(settings, latest(settings.layout, 10))  # a publisher may have written one
+    after = found.latest.id if isinstance(found, Mark) else GENESIS.id
+    monkeypatch.setattr(sys, "executable", "")
+    with caplog.at_level(logging.WARNING, "rmqdelay.worker"):
+        written = await write_aside(settings, "test-thread", after)
+    assert written.outcome == "written" and written.pointer is not None
+    assert "written in a thread" in caplog.text
+    assert last_mark(settings).writer == "test-thread"
     agree(settings)
