@@ -628,6 +628,7 @@ async def lateness(
     with_breakdown: bool = False,
     concurrency: int | None = None,
     variant: Variant | None = None,
+    keep_logs: bool = False,
 ) -> dict[str, Any]:
     """The three sides in turn each round: ``direct`` (the reference), ``bridge``, and
     ``relay`` (the bridge's two extra hops by bare clients, no delay: the floor of what a
@@ -696,7 +697,10 @@ async def lateness(
         handled = _handled(logs)
         for row, taken in zip(runs, bridge_records, strict=True):
             row["bridge"]["breakdown"] = breakdown(taken, handled)
-        shutil.rmtree(logs, ignore_errors=True)
+        if keep_logs:
+            print(f"  the bridges' logs: {logs}", file=sys.stderr)
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
 
     def median(name: str, q: str) -> float:
         return float(statistics.median(r[name]["stats"][q] for r in runs))
@@ -793,8 +797,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 args.duration,
                 args.rounds,
                 args.lateness_bridges,
-                with_breakdown=args.breakdown,
+                with_breakdown=args.breakdown or args.keep_logs,
                 concurrency=args.bridge_concurrency,
+                keep_logs=args.keep_logs,
                 variant=variant,
             )
     finally:
@@ -898,6 +903,12 @@ def main(argv: list[str] | None = None) -> int:
         "--breakdown",
         action="store_true",
         help="the bridges log each message (JSON), and the bridge's lateness is split per step",
+    )
+    p.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="--breakdown, and its bridges' logs are kept (the path is printed): when each "
+        "handling started, and what else the bridge did meanwhile (a checkpoint written)",
     )
     p.add_argument(
         "--variant-root",

@@ -1,7 +1,7 @@
 """What the schedule journal costs and guarantees, measured side by side in one run.
 
     python -m bench.journal                      # everything, the figures the README shows
-    python -m bench.journal --only rate,lead     # parts: rate, list, lead, linger
+    python -m bench.journal --only rate,lead     # parts: rate, list, lead, linger, aside
 
 - ``rate``: ``Publisher.publish_many`` with the journal on and off, alternating rounds into
   two prefixes of the same layout; the median of each and their ratio.
@@ -12,6 +12,11 @@
   (a task every 5 ms with the messages due to go, 500 a second, delays 1 to 4 s), with
   ``journal_linger`` 0, 5 ms and 20 ms: journal writes a second, and each call's time
   (p50, p99): what the linger saves the broker, and what it costs a publish.
+- ``aside``: a worker's checkpoint at ``--aside-pending`` pending (bodies journaled),
+  written as a running worker writes it, in a thread (as before) and in a process of its
+  own (:func:`rmqdelay.worker.checkpoints.write_aside`), alternating: each write's time,
+  and how late the writing process's event loop woke meanwhile (a 5 ms timer, p50 / p99 /
+  max): what every delivery in hand waits out.
 
 Each part cleans up its prefixes. Results go to ``bench/results/journal.json``.
 """
@@ -311,6 +316,72 @@ def measure_lead(url: str, leads: list[int], n: int) -> dict[str, Any]:
     return result
 
 
+# ------------------------------------------------------------------ aside
+
+
+async def _aside_round(settings: Settings, how: str, tag: str) -> dict[str, Any]:
+    from rmqdelay.amqp.journal import read_once
+    from rmqdelay.core.journal.checkpoint import GENESIS, Mark
+    from rmqdelay.core.journal.reading import latest
+    from rmqdelay.worker import checkpoints
+
+    found = read_once(settings, latest(settings.layout, 10))
+    after = found.latest.id if isinstance(found, Mark) else GENESIS.id
+    if how == "thread":
+        write = asyncio.to_thread(checkpoints._write, settings, f"bench-{tag}", after)
+    else:
+        write = checkpoints.write_aside(settings, f"bench-{tag}", after)
+    task = asyncio.ensure_future(write)
+    lags: list[float] = []
+    started = time.perf_counter()
+    while not task.done():
+        tick = time.perf_counter()
+        await asyncio.sleep(0.005)
+        lags.append((time.perf_counter() - tick - 0.005) * 1000)
+    took = time.perf_counter() - started
+    written = task.result()
+    assert written.outcome == "written", written
+    lags.sort()
+    return {
+        "how": how,
+        "write_s": round(took, 2),
+        "lag_p50_ms": round(lags[len(lags) // 2], 1),
+        "lag_p99_ms": round(lags[int(len(lags) * 0.99)], 1),
+        "lag_max_ms": round(lags[-1], 1),
+        "checkpoint_bytes": written.pointer.bytes if written.pointer else None,
+    }
+
+
+def measure_aside(url: str, pending: int, repeats: int) -> dict[str, Any]:
+    settings = _settings(url, "aside")
+    _apply(settings, ["aside"])
+    try:
+        with Publisher(settings) as publisher:
+            for start in range(0, pending, 10_000):
+                publisher.publish_many(
+                    {"destination": "aside", "body": BODY, "delay": f"{3600 + i % 3000}s"}
+                    for i in range(start, min(pending, start + 10_000))
+                )
+        first = asyncio.run(_aside_round(settings, "thread", "first"))  # folds the journal
+        print(f"aside: {pending:,} pending, the first checkpoint: {first}")
+        rounds = [
+            asyncio.run(_aside_round(settings, how, f"{how}{n}"))
+            for n in range(repeats)
+            for how in ("thread", "process")
+        ]
+    finally:
+        _destroy(settings)
+    result: dict[str, Any] = {"pending": pending, "rounds": rounds}
+    for how in ("thread", "process"):
+        mine = [r for r in rounds if r["how"] == how]
+        result[how] = {
+            k: statistics.median(r[k] for r in mine)
+            for k in ("write_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms")
+        }
+        print(f"aside: {how}: {result[how]} (medians of {len(mine)})")
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=DEFAULT_AMQP_URL)
@@ -322,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lead-messages", type=int, default=1000)
     parser.add_argument("--linger-rate", type=int, default=500, help="linger: publishes/s")
     parser.add_argument("--linger-seconds", type=float, default=8.0)
+    parser.add_argument("--aside-pending", type=int, default=200_000)
     args = parser.parse_args(argv)
     parts = set(args.only.split(","))
     results: dict[str, Any] = {"when": datetime.now(timezone.utc).isoformat()}
@@ -336,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         results["lead"] = measure_lead(args.url, leads, args.lead_messages)
     if "linger" in parts:
         results["linger"] = measure_linger(args.url, args.linger_rate, args.linger_seconds)
+    if "aside" in parts:
+        results["aside"] = measure_aside(args.url, args.aside_pending, args.repeats)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0
