@@ -14,7 +14,7 @@
   (p50, p99): what the linger saves the broker, and what it costs a publish.
 - ``aside``: a worker's checkpoint at ``--aside-pending`` pending (bodies journaled),
   written as a running worker writes it, in a thread (as before) and in a process of its
-  own (:func:`rmqdelay.worker.checkpoints.write_aside`), alternating: each write's time,
+  own (:func:`rmqdelay.amqp.checkpoints.write_in_child`), alternating: each write's time,
   and how late the writing process's event loop woke meanwhile (a 5 ms timer, p50 / p99 /
   max): what every delivery in hand waits out.
 
@@ -320,17 +320,17 @@ def measure_lead(url: str, leads: list[int], n: int) -> dict[str, Any]:
 
 
 async def _aside_round(settings: Settings, how: str, tag: str) -> dict[str, Any]:
+    from rmqdelay.amqp.checkpoints import write_checkpoint, write_in_child
     from rmqdelay.amqp.journal import read_once
     from rmqdelay.core.journal.checkpoint import GENESIS, Mark
     from rmqdelay.core.journal.reading import latest
-    from rmqdelay.worker import checkpoints
 
     found = read_once(settings, latest(settings.layout, 10))
     after = found.latest.id if isinstance(found, Mark) else GENESIS.id
     if how == "thread":
-        write = asyncio.to_thread(checkpoints._write, settings, f"bench-{tag}", after)
+        write = asyncio.to_thread(write_checkpoint, settings, writer=f"bench-{tag}")
     else:
-        write = checkpoints.write_aside(settings, f"bench-{tag}", after)
+        write = asyncio.to_thread(write_in_child, settings, f"bench-{tag}", after)
     task = asyncio.ensure_future(write)
     lags: list[float] = []
     started = time.perf_counter()

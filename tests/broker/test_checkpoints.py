@@ -192,7 +192,8 @@ async def test_a_worker_writes_its_checkpoint_in_a_process_of_its_own(
     """The journal outgrew what no checkpoint covers (over 1 MiB): a running worker writes
     one, in a child interpreter. The worker's own ``write_checkpoint`` refuses here, so
     only another process can have written it; then every reader agrees with it."""
-    from rmqdelay.worker import checkpoints
+    from rmqdelay.amqp import checkpoints
+    from rmqdelay.worker import checkpoints as worker_checkpoints
 
     with Publisher(settings) as publisher:
         bulk(publisher, 1500, 1024, "aside")
@@ -201,7 +202,7 @@ async def test_a_worker_writes_its_checkpoint_in_a_process_of_its_own(
         raise AssertionError("written in the worker's own process")
 
     monkeypatch.setattr(checkpoints, "write_checkpoint", refuse)
-    monkeypatch.setattr(checkpoints, "CHECK_S", 0.2)
+    monkeypatch.setattr(worker_checkpoints, "CHECK_S", 0.2)
     mine = f"{socket.gethostname()}:{os.getpid()}:"
     app = Worker(settings)
 
@@ -218,34 +219,34 @@ async def test_a_worker_writes_its_checkpoint_in_a_process_of_its_own(
     agree(settings)
 
 
-async def test_a_checkpoint_process_that_fails_says_why_without_the_password(
+def test_a_checkpoint_process_that_fails_says_why_without_the_password(
     settings: Settings,
 ) -> None:
     from dataclasses import replace
 
+    from rmqdelay.amqp.checkpoints import write_in_child
     from rmqdelay.settings import SecretUrl
-    from rmqdelay.worker.checkpoints import write_aside
 
     closed = replace(settings, url=SecretUrl("amqp://guest:s3cr3t-pw@127.0.0.1:1/%2F"))
     with pytest.raises(RuntimeError) as failed:
-        await write_aside(closed, "test-closed", "none")
+        write_in_child(closed, "test-closed", "none")
     print(f"\n{failed.value}")
     assert str(failed.value) and "s3cr3t-pw" not in str(failed.value)
 
 
-async def test_where_no_process_starts_the_checkpoint_is_written_in_a_thread(
+def test_where_no_process_starts_the_checkpoint_is_written_in_this_one(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from rmqdelay.worker.checkpoints import write_aside
+    from rmqdelay.amqp.checkpoints import write_in_child
 
     with Publisher(settings) as publisher:
         bulk(publisher, 200, 100, "thread")
     found = read_once(settings, latest(settings.layout, 10))  # a publisher may have written one
     after = found.latest.id if isinstance(found, Mark) else GENESIS.id
     monkeypatch.setattr(sys, "executable", "")
-    with caplog.at_level(logging.WARNING, "rmqdelay.worker"):
-        written = await write_aside(settings, "test-thread", after)
+    with caplog.at_level(logging.WARNING):
+        written = write_in_child(settings, "test-thread", after)
     assert written.outcome == "written" and written.pointer is not None
-    assert "written in a thread" in caplog.text
+    assert "checkpoint written in this process: none could be started" in caplog.text
     assert last_mark(settings).writer == "test-thread"
     agree(settings)
