@@ -112,9 +112,11 @@ def write_in_child(settings: Settings, writer: str, pointer_id: str) -> Written:
 
 def _write_from(job: bytes) -> None:
     """The child's side of :func:`write_in_child`: the result goes to stdout, pickled; what
-    else would be printed there goes to stderr."""
+    else would be printed there goes to stderr. It logs nothing: the worker logs what it
+    returns, through the worker's logging, which masks every password."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    logging.disable(logging.CRITICAL)
     with contextlib.suppress(OSError, AttributeError):  # no os.nice on Windows
         os.nice(CHILD_NICE)
     try:
