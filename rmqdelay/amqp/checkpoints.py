@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import subprocess
 import sys
 from collections.abc import Callable
@@ -88,6 +87,8 @@ def write_in_child(settings: Settings, writer: str, pointer_id: str) -> Written:
     for it in a thread, so one that stops lets the write end, as before. Where no
     process can be started it is written in the calling thread.
     """
+    import pickle  # here: a publisher imports this module, and never needs it
+
     job = pickle.dumps((list(sys.path), pickle.dumps((settings, writer, pointer_id))))
     try:
         if not sys.executable:
@@ -114,6 +115,8 @@ def _write_from(job: bytes) -> None:
     """The child's side of :func:`write_in_child`: the result goes to stdout, pickled; what
     else would be printed there goes to stderr. It logs nothing: the worker logs what it
     returns, through the worker's logging, which masks every password."""
+    import pickle
+
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     logging.disable(logging.CRITICAL)
